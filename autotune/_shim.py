@@ -1,0 +1,156 @@
+"""The trial shim: a tiny process between the tuner and a trial. Standard library only, run as
+``python -I -S _shim.py RESULT TUNER_PID GRACE -- COMMAND...``.
+
+Why it exists (shared/RELIABILITY.md §1, §2, §7):
+
+- ``ru_maxrss`` of an exec'd child includes the high-water mark of the process that forked it, so a
+  tuner holding 800 MiB would see every trial read >= 800 MiB. The shim is small; it forks the trial and
+  reads the trial's own peak with ``wait4``.
+- It is a child subreaper: a grandchild that calls ``setsid()`` and escapes the trial's process group is
+  re-parented to the shim, which kills every descendant before it exits.
+- It dies with the tuner (PR_SET_PDEATHSIG), and its trial dies with it, so a killed tuner leaves no trial.
+
+SIGUSR1 (the tuner's timeout or Ctrl-C) stops the trial gracefully: SIGTERM to every descendant, GRACE
+seconds, then SIGKILL. SIGTERM (PR_SET_PDEATHSIG when the tuner dies, or anyone else) kills at once. The
+two must differ: PDEATHSIG fires when the tuner *thread* that started the shim exits, and under SIGKILL
+that thread can die before the tuner's other threads, so getppid() may still name the tuner. It writes
+RESULT (JSON) and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+EXIT_EXEC_FAILED = 127
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+_stop_request: int | None = None  # the signal that asked for a stop; SIGTERM (no grace) wins over SIGUSR1
+
+
+def _on_stop(signum: int, frame: object) -> None:
+    global _stop_request
+    if _stop_request is None or signum == signal.SIGTERM:
+        _stop_request = signum
+
+
+def descendants(root: int) -> list[int]:
+    """PIDs of every live or zombie descendant of ``root``, through /proc/PID/task/TID/children."""
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
+def reap() -> None:
+    """Collect every exited child (ours or re-parented to us); never blocks."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def signal_all(sig: int) -> None:
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def kill_everything(deadline_s: float = 10.0) -> None:
+    """SIGKILL every descendant until none is left (a dying process may have forked once more)."""
+    end = time.monotonic() + deadline_s
+    while descendants(os.getpid()) and time.monotonic() < end:
+        signal_all(signal.SIGKILL)
+        time.sleep(0.005)
+        reap()
+
+
+def wait_trial(pid: int, grace: float) -> tuple[int, resource.struct_rusage, bool]:
+    """wait4 the trial's main process, stopping it if asked to: (status, rusage, stopped)."""
+    kill_at: float | None = None
+    while True:
+        got, status, usage = os.wait4(pid, os.WNOHANG)
+        if got == pid:
+            return status, usage, kill_at is not None
+        if _stop_request is not None:
+            now = time.monotonic()
+            if kill_at is None:
+                signal_all(signal.SIGTERM)
+                kill_at = now + (grace if _stop_request == signal.SIGUSR1 else 0.0)
+            if _stop_request == signal.SIGTERM:
+                kill_at = min(kill_at, now)  # the tuner died during the grace period: no more waiting
+            if now >= kill_at:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+
+
+def start_trial(argv: list[str], shim_pid: int) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != shim_pid:
+            os._exit(EXIT_EXEC_FAILED)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        os.write(2, f"autotune: cannot start {argv[0]!r}: {e.strerror}\n".encode())
+    os._exit(EXIT_EXEC_FAILED)
+
+
+def main() -> None:
+    result_path, tuner_pid, grace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    argv = sys.argv[5:]
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    signal.signal(signal.SIGTERM, _on_stop)
+    signal.signal(signal.SIGUSR1, _on_stop)
+    if os.getppid() != tuner_pid:  # the tuner died before PDEATHSIG was armed
+        return
+    pid = start_trial(argv, os.getpid())
+    status, usage, stopped = wait_trial(pid, grace)
+    kill_everything()
+    result = {
+        "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "maxrss_bytes": usage.ru_maxrss * 1024,  # Linux reports KiB
+        "stopped": stopped,
+    }
+    tmp = result_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, result_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Where autotune keeps its files: the cache directory (database, trial logs)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import platformdirs
+
+_counter = itertools.count()
+
+
+def cache_dir(override: str | Path | None = None) -> Path:
+    """``override`` (``--cache-dir`` / ``AUTOTUNE_CACHE_DIR``), else the platform's user cache dir."""
+    path = Path(override) if override else Path(platformdirs.user_cache_dir("autotune", appauthor=False))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def new_trial_dir(root: Path) -> Path:
+    """A fresh folder for one trial's request, report and logs, named by time for humans."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = root / "trials" / f"{stamp}-{os.getpid()}-{next(_counter)}"
+    path.mkdir(parents=True)
+    return path

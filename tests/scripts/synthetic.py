@@ -1,0 +1,76 @@
+"""Synthetic trial script for autotune's tests: no torch, real memory, known behaviour.
+
+Holds ``--base-mib`` plus ``batch_size * --per-sample-mib`` of touched memory, then runs steps through
+autotune.step(). Flags add the misbehaviours the launcher must survive.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import autotune
+
+
+def touched(mib: float) -> bytearray:
+    return bytearray(b"\x01") * int(mib * 2**20)  # filled, so every page is resident
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--base-mib", type=float, default=0)
+    p.add_argument("--per-sample-mib", type=float, default=0)
+    p.add_argument("--step-seconds", type=float, default=0.01)
+    p.add_argument("--steps", type=int, default=10**9)
+    p.add_argument("--crash-at", type=int, default=-1, help="raise ValueError at this step")
+    p.add_argument("--oom-at", type=int, default=-1, help="raise MemoryError at this step")
+    p.add_argument("--never-step", action="store_true", help="sleep forever without a step")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--setsid-grandchild", action="store_true", help="fork a child that escapes the group")
+    p.add_argument("--worker-mib", type=float, default=0, help="fork a worker that holds this much")
+    p.add_argument("--pid-file", default=None, help="append the pids of this trial here")
+    p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
+    args = p.parse_args()
+
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pids = [os.getpid()]
+    if args.setsid_grandchild:
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(1)
+        pids.append(grandchild)
+    if args.worker_mib:
+        child = os.fork()
+        if child == 0:
+            held = touched(args.worker_mib)
+            while True:
+                time.sleep(1)
+        pids.append(child)
+    if args.pid_file:
+        time.sleep(0.05)
+        with open(args.pid_file, "a") as f:
+            f.write(" ".join(map(str, pids)) + "\n")
+
+    held = touched(args.base_mib + autotune.batch_size(default=1) * args.per_sample_mib)  # noqa: F841
+    if args.never_step:
+        while True:
+            time.sleep(1)
+    for step in range(args.steps):
+        if step == args.crash_at:
+            raise ValueError(f"synthetic crash at step {step}")
+        if step == args.oom_at:
+            raise MemoryError(f"synthetic allocation failure at step {step}")
+        spike = touched(args.spike_mib) if step == 1 else None
+        time.sleep(args.step_seconds)
+        del spike
+        autotune.step()
+    sys.stdout.write("finished all steps\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The command line, through click's CliRunner and as a real console-script process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+from conftest import EXAMPLES, SYNTHETIC, MiB
+
+from autotune.cli import cli
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+
+
+def measure_cli(cache: Path, *args: str) -> Result:
+    """``autotune measure ARGS`` through CliRunner, on the CPU, with the test's own cache dir."""
+    return CliRunner().invoke(cli, ["measure", "--device", "cpu", "--cache-dir", str(cache), *args])
+
+
+def test_help_lists_every_command_with_a_description() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name, command in cli.commands.items():
+        assert command.help, f"{name} has no docstring"
+        assert name in result.output
+
+
+def test_help_and_the_console_script_never_import_torch() -> None:
+    code = "import sys\nfrom autotune.cli import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+    proc = subprocess.run([AUTOTUNE, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "measure" in proc.stdout
+
+
+def test_measure_json_reports_the_trial(tmp_path) -> None:
+    result = measure_cli(
+        tmp_path,
+        str(SYNTHETIC),
+        *"-b 3 --steps 2 --warmup-steps 1 --json --budget 2GiB -- --per-sample-mib 20".split(),
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {"outcome", "batch_size", "plan", "peak_bytes", "samples_per_sec", "device"} <= data.keys()
+    assert [data[k] for k in ("outcome", "batch_size", "plan", "device")] == ["complete", 3, "none", "cpu"]
+    assert 60 * MiB < data["peak_bytes"] < 2**31
+    assert (data["budget_bytes"], data["fits"]) == (2**31, True)
+    assert len(data["step_seconds"]) == 2
+
+
+def test_measure_over_budget_exits_1_and_says_so(tmp_path) -> None:
+    result = measure_cli(
+        tmp_path, str(SYNTHETIC), *"-b 4 --steps 1 --budget 50MB -- --per-sample-mib 30".split()
+    )
+    assert result.exit_code == 1
+    assert "does not fit" in result.output
+
+
+def test_a_failing_trial_shows_its_stderr_and_exits_1(tmp_path) -> None:
+    result = measure_cli(tmp_path, str(SYNTHETIC), "-b", "1", "--", "--crash-at", "1")
+    assert result.exit_code == 1
+    assert "outcome      failed" in result.output
+    assert "ValueError: synthetic crash at step 1" in result.output
+    assert (
+        "Traceback" not in result.output.split("\n\n")[0]
+    )  # the summary is autotune's, the traceback the script's
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget", "40 GB/s"], "Error: invalid budget '40 GB/s': expected a number and a unit"),
+        (["--budget", "٤٠GB"], "Error: invalid budget '٤٠GB'"),
+        (["--budget", "99TB"], "is more than the device has"),
+        (["--plan", "Block:2"], "Error: plan ratio for Block must be in (0, 1], got 2.0"),
+        (["--device", "tpu"], "Error: invalid device 'tpu'"),
+        (["--steps", "0"], "Invalid value for '--steps'"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, args, message) -> None:
+    result = measure_cli(tmp_path, str(SYNTHETIC), "-b", "1", "--steps", "1", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_missing_script_and_a_missing_command_are_one_line(tmp_path) -> None:
+    result = measure_cli(tmp_path, "nope.py", "-b", "1")
+    assert (result.exit_code, result.output.strip()) == (2, "Error: script not found: nope.py")
+    result = measure_cli(tmp_path, "-b", "1", "--", "no-such-program-xyz")
+    assert result.exit_code == 1
+    assert "cannot start 'no-such-program-xyz'" in result.output
+
+
+def test_command_template_substitutes_the_batch_size_and_injects_the_harness(tmp_path) -> None:
+    out = tmp_path / "argv.txt"
+    script = tmp_path / "template.py"
+    script.write_text(
+        f"import sys, autotune\nopen({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+        "for _ in range(100):\n    autotune.step()\n"
+    )
+    template = [sys.executable, "-u", str(script), "--bs", "{batch_size}"]
+    result = measure_cli(tmp_path, *"-b 12 --steps 1 --json --".split(), *template)
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == "--bs 12"
+    assert json.loads(result.output)["batch_size"] == 12
+
+
+def test_a_non_python_command_gets_the_runtime_through_sitecustomize(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import autotune\nfor _ in range(100):\n    autotune.step(samples=autotune.batch_size())\n"
+    )
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    wrapper.chmod(0o755)
+    result = measure_cli(tmp_path, "-b", "6", "--steps", "2", "--json", "--", str(wrapper))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["outcome"] == "complete"
+
+
+def test_python_dash_c_is_refused(tmp_path) -> None:
+    result = measure_cli(tmp_path, "-b", "1", "--", sys.executable, "-c", "pass")
+    assert (result.exit_code, result.output.strip()) == (
+        2,
+        "Error: a 'python -c' command cannot be measured: put the code in a script",
+    )
+
+
+@pytest.mark.slow
+def test_checkpointing_all_lowers_the_measured_peak_of_the_example_transformer(tmp_path) -> None:
+    peaks = {}
+    for plan in ("none", "all"):
+        options = f"-b 16 --plan {plan} --steps 2 --warmup-steps 1 --device cpu --json --cache-dir {tmp_path}"
+        model = "--n-layer 6 --n-embd 64 --block-size 128"
+        argv = [AUTOTUNE, "measure", str(EXAMPLES / "gpt.py"), *options.split(), "--", *model.split()]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["plan"] == ("Block:1" if plan == "all" else "none")
+        peaks[plan] = data["peak_bytes"]
+    print({k: round(v / MiB, 1) for k, v in peaks.items()})
+    assert peaks["none"] - peaks["all"] > 40 * MiB, {k: v / MiB for k, v in peaks.items()}
+
+
+def test_storage_is_only_importable_as_autotune_storage() -> None:
+    import importlib.util
+
+    import autotune.storage
+
+    assert autotune.storage.__name__ == "autotune.storage"
+    proc = subprocess.run([sys.executable, "-c", "import storage"], capture_output=True, cwd="/", timeout=60)
+    assert proc.returncode != 0
+    assert importlib.util.find_spec("autotune.storage") is not None
+
+
+def test_every_command_has_help() -> None:
+    for name, command in cli.commands.items():
+        assert isinstance(command, click.Command)
+        assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0

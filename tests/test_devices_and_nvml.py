@@ -1,0 +1,146 @@
+"""Device resolution and the NVML meter. Without a GPU these run against tests/fake_nvml.py (labelled FAKE);
+the test marked ``gpu`` runs the real NVML path wherever a GPU exists."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, MiB
+from fake_nvml import FakeGpu, FakeNvml
+
+from autotune.command import TrialCommand
+from autotune.devices import resolve_device
+from autotune.errors import DeviceError, InputError
+from autotune.measurement import MeasureSpec, TrialSettings, measure
+from autotune.protocol import Outcome
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeNvml:
+    return FakeNvml(
+        gpus=[
+            FakeGpu("GPU-aaaa", usage_file=tmp_path / "gpu0"),
+            FakeGpu("GPU-bbbb", usage_file=tmp_path / "gpu1"),
+        ],
+        mig={"MIG-cccc": FakeGpu("MIG-cccc", name="FAKE MIG 1g.10gb", total=10 * 2**30)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "visible", "uuid"),
+    [
+        ("cuda", None, "GPU-aaaa"),
+        ("cuda:1", None, "GPU-bbbb"),
+        ("cuda:0", "1", "GPU-bbbb"),
+        ("cuda:1", "1,0", "GPU-aaaa"),
+        ("cuda:0", "GPU-bbbb", "GPU-bbbb"),
+        ("cuda:0", "MIG-cccc", "MIG-cccc"),
+        ("auto", "GPU-bbbb,GPU-aaaa", "GPU-bbbb"),
+    ],
+)
+def test_cuda_visible_devices_maps_to_the_right_nvml_device(fake, spec, visible, uuid) -> None:
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    device = resolve_device(spec, environ, lambda: fake)
+    assert device.uuid == uuid
+    assert device.child_env() == {"CUDA_VISIBLE_DEVICES": uuid}
+
+
+def test_a_mig_device_reports_its_own_memory(fake) -> None:
+    device = resolve_device("cuda:0", {"CUDA_VISIBLE_DEVICES": "MIG-cccc"}, lambda: fake)
+    assert (device.name, device.total_bytes) == ("FAKE MIG 1g.10gb", 10 * 2**30)
+
+
+@pytest.mark.parametrize(
+    ("spec", "visible", "message"),
+    [
+        ("cuda:2", None, "no device cuda:2: NVML sees 2 GPU"),
+        ("cuda:1", "0", "no device cuda:1: CUDA_VISIBLE_DEVICES='0' lists 1"),
+        ("cuda:0", "GPU-zzzz", "cannot open cuda:0 through NVML"),
+        ("cuda:0", "banana", "neither an index nor a GPU-/MIG- UUID"),
+    ],
+)
+def test_unknown_devices_are_clear_errors(fake, spec, visible, message) -> None:
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    with pytest.raises(DeviceError, match=message):
+        resolve_device(spec, environ, lambda: fake)
+
+
+def test_auto_falls_back_to_the_cpu_without_nvml_or_gpus() -> None:
+    def no_nvml() -> None:
+        raise DeviceError("NVML is not available")
+
+    assert str(resolve_device("auto", {}, no_nvml)) == "cpu"
+    assert str(resolve_device("auto", {}, lambda: FakeNvml())) == "cpu"
+    with pytest.raises(DeviceError, match="NVML is not available"):
+        resolve_device("cuda", {}, no_nvml)
+
+
+@pytest.mark.parametrize("spec", ["gpu", "cuda:x", "cuda:-1", "tpu"])
+def test_malformed_device_specs(spec) -> None:
+    with pytest.raises(InputError, match=f"invalid device '{spec}'"):
+        resolve_device(spec, {}, lambda: FakeNvml())
+
+
+def _fake_gpu_trial(fake: FakeNvml, tmp_path: Path, device: str, visible: str | None, *flags: str):
+    gpu = fake.nvmlDeviceGetHandleByUUID("GPU-bbbb")
+    environ = {**os.environ, "FAKE_GPU_USAGE_FILE": str(gpu.usage_file)}
+    environ.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        environ["CUDA_VISIBLE_DEVICES"] = visible
+    spec = MeasureSpec(
+        command=TrialCommand.parse([str(SCRIPTS / "fake_gpu_trial.py"), *flags]),
+        batch_size=4,
+        device=device,
+        settings=TrialSettings(1, 3, 30, 60),
+        cache_dir=tmp_path / "cache",
+    )
+    return measure(spec, environ, nvml=fake), gpu
+
+
+def test_nvml_meter_sees_a_200ms_spike_above_the_idle_device(fake, tmp_path) -> None:
+    result, gpu = _fake_gpu_trial(fake, tmp_path, "cuda:1", None, "--held-mib", "300", "--spike-mib", "500")
+    assert result.outcome is Outcome.COMPLETE
+    assert result.memory_method == "nvml"
+    assert result.peak_bytes == 800 * MiB  # the device's idle 512 MiB is not the trial's
+    assert result.device == "cuda:1"
+    assert result.device_name == "FAKE NVIDIA H100 80GB HBM3"
+    assert Path(str(gpu.usage_file) + ".env").read_text() == "GPU-bbbb"  # the trial ran where it was measured
+
+
+def test_a_trial_pinned_by_uuid_in_cuda_visible_devices(fake, tmp_path) -> None:
+    result, gpu = _fake_gpu_trial(
+        fake, tmp_path, "cuda:0", "GPU-bbbb", "--held-mib", "100", "--spike-mib", "50"
+    )
+    assert result.peak_bytes == 150 * MiB
+    assert Path(str(gpu.usage_file) + ".env").read_text() == "GPU-bbbb"
+
+
+@pytest.mark.gpu
+def test_real_nvml_measures_a_cuda_trial(tmp_path) -> None:
+    from autotune.nvml import load_nvml
+
+    try:
+        load_nvml()
+    except DeviceError as e:
+        pytest.skip(f"no GPU here: {e}")
+    script = tmp_path / "cuda_trial.py"
+    script.write_text(
+        "import torch, autotune\n"
+        "x = torch.empty(1024 * 2**20, dtype=torch.uint8, device='cuda')\n"
+        "for _ in range(10**9):\n    x.add_(1)\n    autotune.step()\n"
+    )
+    spec = MeasureSpec(
+        TrialCommand.parse([str(script)]),
+        1,
+        device="cuda",
+        settings=TrialSettings(1, 3, 120, 300),
+        cache_dir=tmp_path / "cache",
+    )
+    result = measure(spec, dict(os.environ))
+    assert result.outcome is Outcome.COMPLETE
+    assert result.memory_method == "nvml"
+    # 1 GiB tensor plus a CUDA context of 250-700 MB (RELIABILITY.md §8): NVML sees both, torch only the tensor.
+    assert 1024 * MiB + 200 * MiB < result.peak_bytes < 1024 * MiB + 2048 * MiB
+    assert result.torch_peak_allocated == 1024 * MiB

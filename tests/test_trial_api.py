@@ -1,0 +1,147 @@
+"""The child-side API outside a trial, and the trial protocol through real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune import trial
+from autotune.errors import InputError
+from autotune.protocol import Outcome, TrialReport, TrialRequest
+
+
+@pytest.fixture
+def outside(monkeypatch):
+    monkeypatch.setattr(trial, "_loaded", True)
+    monkeypatch.setattr(trial, "_trial", None)
+    monkeypatch.delenv("AUTOTUNE_BATCH_SIZE", raising=False)
+    return monkeypatch
+
+
+def test_outside_a_trial_the_api_is_harmless(outside) -> None:
+    assert autotune.batch_size(default=32) == 32
+    autotune.step()
+    autotune.step(samples=7)
+    model = object()
+    assert autotune.prepare(model) is model
+
+
+def test_batch_size_from_the_environment(outside) -> None:
+    outside.setenv("AUTOTUNE_BATCH_SIZE", "48")
+    assert autotune.batch_size(default=32) == 48
+    for bad in ("0", "-3", "4.5", "x", "٤"):
+        outside.setenv("AUTOTUNE_BATCH_SIZE", bad)
+        with pytest.raises(InputError, match="AUTOTUNE_BATCH_SIZE must be a positive integer"):
+            autotune.batch_size(default=32)
+
+
+def test_batch_size_without_any_source_is_an_error(outside) -> None:
+    with pytest.raises(InputError, match="no batch size"):
+        autotune.batch_size()
+
+
+def _run_child(
+    tmp_path: Path, code: str, warmup: int = 1, measured: int = 2, batch: int = 8
+) -> tuple[int, TrialReport]:
+    request = TrialRequest(
+        batch,
+        "none",
+        "torch",
+        "cpu",
+        warmup,
+        measured,
+        str(tmp_path / "report.json"),
+        str(tmp_path / "progress.json"),
+    )
+    request.write(tmp_path / "request.json")
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    env = {**os.environ, "AUTOTUNE_TRIAL_REQUEST": str(tmp_path / "request.json")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.harness", str(script)], env=env, capture_output=True, timeout=120
+    )
+    return proc.returncode, TrialReport.read(tmp_path / "report.json")
+
+
+def test_explicit_steps_count_samples_and_end_the_trial(tmp_path) -> None:
+    code, report = _run_child(
+        tmp_path, "import autotune\nfor i in range(100):\n    autotune.step(samples=3)\nprint('never')\n"
+    )
+    assert code == 0
+    assert report.outcome is Outcome.COMPLETE
+    assert (report.steps_done, report.step_samples) == (3, (3, 3))
+    assert json.loads((tmp_path / "progress.json").read_text()) == {"steps": 3}
+
+
+def test_a_script_swallowing_the_end_of_its_trial_is_stopped_anyway(tmp_path) -> None:
+    code, report = _run_child(
+        tmp_path,
+        "import autotune\nfor i in range(100):\n    try:\n        autotune.step()\n    except BaseException:\n        pass\n"
+        "raise SystemExit(9)\n",
+    )
+    assert code == 0
+    assert report.outcome is Outcome.COMPLETE
+
+
+def test_optimizer_steps_are_counted_first_optimizer_only(tmp_path) -> None:
+    code, report = _run_child(
+        tmp_path,
+        "import torch\n"
+        "a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)\n"
+        "oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)\n"
+        "import autotune\n"
+        "for i in range(100):\n"
+        "    (a(torch.ones(1, 2)).sum() + b(torch.ones(1, 2)).sum()).backward()\n"
+        "    oa.step(); ob.step()\n"
+        "    print(i, flush=True)\n",
+        warmup=2,
+        measured=3,
+        batch=5,
+    )
+    assert code == 0
+    assert (report.steps_done, report.step_samples) == (5, (5, 5, 5))
+
+
+def test_the_harness_applies_the_plan_at_the_first_forward(tmp_path) -> None:
+    request = TrialRequest(
+        2, "Layer", "torch", "cpu", 1, 1, str(tmp_path / "report.json"), str(tmp_path / "progress.json")
+    )
+    request.write(tmp_path / "request.json")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Layer(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__(); self.fc = nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n        return torch.relu(self.fc(x))\n"
+        "model = nn.Sequential(Layer(), Layer())\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(10):\n"
+        "    model(torch.ones(2, 4)).sum().backward(); opt.step()\n"
+        "    assert 'forward' in vars(model[0]) and 'forward' in vars(model[1])\n"
+    )
+    env = {**os.environ, "AUTOTUNE_TRIAL_REQUEST": str(tmp_path / "request.json")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.harness", str(script)], env=env, capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert TrialReport.read(tmp_path / "report.json").plan_applied == "Layer:1"
+
+
+def test_the_harness_outside_a_trial_just_runs_the_script(tmp_path) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text("import sys, autotune\nprint(autotune.batch_size(default=5), sys.argv[1:])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.harness", str(script), "--x", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout) == (0, "5 ['--x', '1']\n")
