@@ -144,3 +144,25 @@ def test_real_nvml_measures_a_cuda_trial(tmp_path) -> None:
     # 1 GiB tensor plus a CUDA context of 250-700 MB (RELIABILITY.md §8): NVML sees both, torch only the tensor.
     assert 1024 * MiB + 200 * MiB < result.peak_bytes < 1024 * MiB + 2048 * MiB
     assert result.torch_peak_allocated == 1024 * MiB
+
+
+@pytest.mark.parametrize(("version", "warns"), [("11.5.3", True), ("13.0.1", False), (None, False)])
+def test_an_old_pynvml_package_shadowing_the_bindings_is_named(monkeypatch, version, warns) -> None:
+    import importlib.metadata
+    import warnings
+
+    from autotune import nvml
+
+    def fake_version(name: str) -> str:
+        if version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", fake_version)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nvml._warn_if_shadowed()
+    messages = [str(w.message) for w in caught]
+    assert bool(messages) is warns
+    if warns:
+        assert "pip uninstall pynvml" in messages[0] and "11.5.3" in messages[0]
