@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from autotune.budget import format_bytes, parse_budget
-from autotune.errors import AutotuneError
+from autotune.budget import parse_budget
+from autotune.errors import AutotuneError, InputError
 from autotune.plans import parse_plan
 
 EXIT_INTERRUPTED = 130
@@ -40,13 +41,69 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
 def cli(debug: bool) -> None:
     """autotune: the fastest batch size and recompute plan that fit a memory budget, measured."""
+    import logging
+
+    logging.getLogger("optuna").setLevel(logging.WARNING)  # autotune reports its trials itself
 
 
-def _parse_or_raise(parser: Any, value: str | None) -> Any:
-    return None if value is None else parser(value)
+def trial_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every command that runs trials takes."""
+    options = [
+        click.option(
+            "--steps",
+            type=click.IntRange(min=1),
+            default=5,
+            show_default=True,
+            help="Measured steps per trial.",
+        ),
+        click.option(
+            "--warmup-steps",
+            type=click.IntRange(min=1),
+            default=2,
+            show_default=True,
+            help="Warm-up steps per trial (not timed).",
+        ),
+        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+        click.option(
+            "--timeout", type=float, default=900, show_default=True, help="Seconds one trial may run."
+        ),
+        click.option(
+            "--startup-timeout",
+            type=float,
+            default=300,
+            show_default=True,
+            help="Seconds until a trial's first step.",
+        ),
+        click.option(
+            "--cache-dir",
+            envvar="AUTOTUNE_CACHE_DIR",
+            type=click.Path(path_type=Path),
+            help="Database and trial logs (default: the user cache dir).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
-@cli.command(context_settings={"ignore_unknown_options": False})
+def storage_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--storage",
+        envvar="AUTOTUNE_STORAGE",
+        help="SQLAlchemy URL of the database (default: SQLite in the cache dir).",
+    )(command)
+    return click.option(
+        "--cache-dir",
+        envvar="AUTOTUNE_CACHE_DIR",
+        type=click.Path(path_type=Path),
+        help="Where the default database lives.",
+    )(command)
+
+
+COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
+
+
+@cli.command()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.option(
     "--batch-size", "-b", type=click.IntRange(min=1), required=True, help="Batch size of the trial."
@@ -54,38 +111,21 @@ def _parse_or_raise(parser: Any, value: str | None) -> Any:
 @click.option(
     "--plan", "-p", default="none", show_default=True, help="Recompute plan: none, all, or Class[:ratio],..."
 )
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Measured steps.")
-@click.option(
-    "--warmup-steps",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="Warm-up steps (not timed).",
-)
 @click.option("--budget", help="Also say whether the peak fits this budget (40GB, 40GiB, 90%, ...).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option(
-    "--timeout", type=float, default=900, show_default=True, help="Seconds the whole trial may run."
-)
-@click.option(
-    "--startup-timeout", type=float, default=300, show_default=True, help="Seconds until the first step."
-)
-@click.option(
-    "--cache-dir", envvar="AUTOTUNE_CACHE_DIR", help="Where trial logs go (default: the user cache dir)."
-)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@trial_options
 def measure(
     command: tuple[str, ...],
     batch_size: int,
     plan: str,
+    budget: str | None,
+    as_json: bool,
     steps: int,
     warmup_steps: int,
-    budget: str | None,
     device: str,
     timeout: float,
     startup_timeout: float,
-    cache_dir: str | None,
-    as_json: bool,
+    cache_dir: Path | None,
 ) -> None:
     """Run one measured trial: peak memory, samples/s, step times.
 
@@ -97,14 +137,14 @@ def measure(
     from autotune.measurement import MeasureSpec, TrialSettings
     from autotune.measurement import measure as run_measure
 
-    parsed_budget = _parse_or_raise(parse_budget, budget)
+    parsed_budget = parse_budget(budget) if budget is not None else None
     spec = MeasureSpec(
         command=TrialCommand.parse(command),
         batch_size=batch_size,
         plan=parse_plan(plan),
         device=device,
         settings=TrialSettings(warmup_steps, steps, startup_timeout, timeout),
-        cache_dir=Path(cache_dir) if cache_dir else None,
+        cache_dir=cache_dir,
     )
     result = run_measure(spec, os.environ)
     budget_bytes = parsed_budget.resolve(_device_total(result.device)) if parsed_budget else None
@@ -112,62 +152,175 @@ def measure(
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "budget_bytes": budget_bytes, "fits": fits}, indent=2))
     else:
-        _print_result(result, budget_bytes, fits)
+        from autotune.render import measured
+
+        click.echo(measured(result, budget_bytes, fits))
     ok = result.outcome.value == "complete" and fits is not False
     click.get_current_context().exit(0 if ok else 1)
+
+
+@cli.command()
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.option("--budget", required=True, help="Memory budget: 40GB, 40GiB, 0.5TiB, 90% of the device, ...")
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Trials the study should hold (counted over resumed runs).",
+)
+@click.option(
+    "--batch-sizes",
+    help="A range (8-512: powers of two and midpoints within) or a list (8,16,24). "
+    "Default: 1 up, pruned by the memory model.",
+)
+@click.option(
+    "--plans", multiple=True, help="Plans to search, ';'-separated or repeated (default: from the model)."
+)
+@click.option(
+    "--headroom",
+    default="5%",
+    show_default=True,
+    help="Margin the winner's verified peak keeps under the budget.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
+@click.option("--study", help="Study name (default: derived from the script and the search).")
+@click.option("--force", is_flag=True, help="Forget the stored study and tune again.")
+@click.option(
+    "--storage",
+    envvar="AUTOTUNE_STORAGE",
+    help="SQLAlchemy URL of the database (default: SQLite in the cache dir).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@trial_options
+def run(
+    command: tuple[str, ...],
+    budget: str,
+    trials: int,
+    batch_sizes: str | None,
+    plans: tuple[str, ...],
+    headroom: str,
+    seed: int,
+    study: str | None,
+    force: bool,
+    storage: str | None,
+    as_json: bool,
+    steps: int,
+    warmup_steps: int,
+    device: str,
+    timeout: float,
+    startup_timeout: float,
+    cache_dir: Path | None,
+) -> None:
+    """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
+
+    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size}. The same command again answers from the
+    database with zero trials; an interrupted run resumes.
+    """
+    from autotune import render
+    from autotune.command import TrialCommand
+    from autotune.measurement import TrialSettings
+    from autotune.space import parse_batch_sizes, parse_plan_list
+    from autotune.tuning import TuneSpec, tune
+
+    spec = TuneSpec(
+        command=TrialCommand.parse(command),
+        budget=parse_budget(budget),
+        trials=trials,
+        batch_sizes=parse_batch_sizes(batch_sizes),
+        plans=parse_plan_list(plans) if plans else None,
+        settings=TrialSettings(warmup_steps, steps, startup_timeout, timeout),
+        headroom=_fraction(headroom),
+        seed=seed,
+        device=device,
+        cache_dir=cache_dir,
+        storage=storage,
+        study=study,
+        force=force,
+    )
+    console = render.console()
+    result = tune(spec, os.environ, render.ConsoleReporter(console))
+    render.tuned(console, result, command, budget, as_json)
+
+
+@cli.command()
+@COMMAND
+@click.option("--budget", help="The budget the plan was tuned for (default: the most recent).")
+@click.option("--study", help="Answer from this study.")
+@click.option("--device", default="auto", show_default=True, help="The device the plan was tuned on.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (batch_size, plan, peak_bytes, samples_per_sec, ...)."
+)
+@click.option(
+    "--env", "as_env", is_flag=True, help="Print shell exports to train with the plan outside autotune."
+)
+@storage_options
+def best(
+    command: tuple[str, ...],
+    budget: str | None,
+    study: str | None,
+    device: str,
+    as_json: bool,
+    as_env: bool,
+    storage: str | None,
+    cache_dir: Path | None,
+) -> None:
+    """The best stored plan, from the database alone (no trial is run).
+
+    With a SCRIPT, the plan tuned for it on this device; with --study, that study's; with neither, the
+    most recent. A budget with no verified winner is answered from the measured trials that fit, and says so.
+    """
+    from autotune import answers, render
+    from autotune.command import TrialCommand
+
+    store = answers.open_default(storage, cache_dir)
+    answer = answers.best(
+        store,
+        TrialCommand.parse(command) if command else None,
+        parse_budget(budget) if budget else None,
+        study,
+        device,
+        os.environ,
+    )
+    render.best(render.console(), answer, as_json, as_env)
+
+
+@cli.command()
+@storage_options
+def studies(storage: str | None, cache_dir: Path | None) -> None:
+    """List the stored studies: script, budget, trials, best samples/s, state."""
+    from autotune import answers, render
+
+    render.studies(render.console(), answers.studies(answers.open_default(storage, cache_dir)))
+
+
+@cli.command()
+@click.argument("study")
+@click.option("--json", "as_json", is_flag=True, help="Print the trials as JSON.")
+@storage_options
+def show(study: str, as_json: bool, storage: str | None, cache_dir: Path | None) -> None:
+    """List the trials of STUDY, with the memory model's predictions beside the measured peaks."""
+    from autotune import answers, render
+
+    row, records = answers.show(answers.open_default(storage, cache_dir), study)
+    render.show(render.console(), row, records, as_json)
+
+
+def _fraction(text: str) -> float:
+    """'5%' or '0.05' -> 0.05."""
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise InputError(
+            f"invalid headroom {text!r}: expected a percentage such as 5% or a fraction such as 0.05"
+        ) from None
+    return value
 
 
 def _device_total(device: str) -> int:
     from autotune.devices import resolve_device
 
     return resolve_device(device, os.environ).total_bytes
-
-
-def _print_result(result: Any, budget_bytes: int | None, fits: bool | None) -> None:
-    rows = [
-        ("outcome", result.outcome.value),
-        ("device", f"{result.device} ({result.device_name})"),
-        ("batch size", str(result.batch_size)),
-        ("plan", result.plan),
-        ("peak memory", f"{format_bytes(result.peak_bytes)} ({result.memory_method})"),
-    ]
-    if result.samples_per_sec is not None:
-        times = sorted(result.step_seconds)
-        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s"))
-        rows.append(
-            (
-                "step time",
-                f"median {_ms(times[len(times) // 2])}, min {_ms(times[0])}, max {_ms(times[-1])}"
-                f" over {len(times)} steps",
-            )
-        )
-    if result.torch_peak_reserved is not None:
-        rows.append(
-            (
-                "torch peak",
-                f"{format_bytes(result.torch_peak_allocated)} allocated, "
-                f"{format_bytes(result.torch_peak_reserved)} reserved",
-            )
-        )
-    if budget_bytes is not None:
-        margin = budget_bytes - result.peak_bytes
-        if result.outcome.value != "complete":
-            verdict = f"unknown: the trial did not complete ({result.outcome.value})"
-        else:
-            spare = f"{format_bytes(abs(margin))} {'to spare' if margin >= 0 else 'over'}"
-            verdict = f"{'fits' if fits else 'does not fit'} ({spare})"
-        rows.append(("budget", f"{format_bytes(budget_bytes)}: {verdict}"))
-    if result.memory_note:
-        rows.append(("note", result.memory_note))
-    rows.append(("logs", result.log_dir))
-    for key, value in rows:
-        click.echo(f"{key:<12} {value}")
-    if result.error:
-        click.echo(f"\n{result.error}")
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms"
 
 
 def main() -> None:

@@ -81,6 +81,10 @@ class TrialCommand:
             paths.append(base["PYTHONPATH"])
         return {**base, "PYTHONPATH": os.pathsep.join(paths)}
 
+    def script_path(self) -> str | None:
+        """The Python script this command runs, if one can be seen (the first ``*.py`` word)."""
+        return next((w for w in self.words if w.endswith(".py") and Path(w).is_file()), None)
+
     def __str__(self) -> str:
         return " ".join(self.words)
 

@@ -41,3 +41,9 @@ class NoFitError(AutotuneError):
     """No configuration that was measured fits the budget."""
 
     exit_code = 6
+
+
+class ScriptError(AutotuneError):
+    """The training script itself failed (not out of memory) in every trial it was given."""
+
+    exit_code = 7

@@ -17,7 +17,7 @@ from autotune.launcher import Launch, ProcessExit, run_process, tail
 from autotune.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.paths import cache_dir, new_trial_dir
 from autotune.plans import Plan
-from autotune.protocol import BATCH_SIZE_ENV, REQUEST_ENV, Outcome, TrialReport, TrialRequest
+from autotune.protocol import BATCH_SIZE_ENV, PLAN_ENV, REQUEST_ENV, Outcome, TrialReport, TrialRequest
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ class TrialResult:
     torch_peak_allocated: int | None = None
     torch_peak_reserved: int | None = None
     memory_note: str | None = None
+    candidates: list[dict[str, Any]] | None = None
 
     def fits(self, budget_bytes: int) -> bool:
         """Completed, and its measured peak is within ``budget_bytes``."""
@@ -146,6 +147,7 @@ def run_trial(
         **device.child_env(),
         REQUEST_ENV: str(workdir / "request.json"),
         BATCH_SIZE_ENV: str(batch_size),
+        PLAN_ENV: str(plan),
         "PYTHONUNBUFFERED": "1",
     }
     launch = Launch(
@@ -221,6 +223,7 @@ def _result(
         torch_peak_allocated=report.torch_peak_allocated if report else None,
         torch_peak_reserved=report.torch_peak_reserved if report else None,
         memory_note=reading.note,
+        candidates=report.candidates if report else None,
     )
 
 

@@ -19,6 +19,11 @@ def cache_dir(override: str | Path | None = None) -> Path:
     return path
 
 
+def default_storage_url(root: Path) -> str:
+    """The embedded default: SQLite in the cache dir."""
+    return f"sqlite:///{root / 'autotune.db'}"
+
+
 def new_trial_dir(root: Path) -> Path:
     """A fresh folder for one trial's request, report and logs, named by time for humans."""
     stamp = time.strftime("%Y%m%d-%H%M%S")

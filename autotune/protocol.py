@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ class TrialReport:
     torch_peak_reserved: int | None = None  # torch.cuda.max_memory_reserved, on a GPU
     error: str | None = None
     plan_applied: str | None = None  # the plan as applied, with `all` expanded to classes
-    extra: dict[str, Any] = field(default_factory=dict)
+    candidates: list[dict[str, Any]] | None = None  # the model's repeated module classes, once prepared
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

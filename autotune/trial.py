@@ -65,6 +65,7 @@ class _Trial:
         self.step_seconds: list[float] = []
         self.step_samples: list[int] = []
         self.plan_applied: str | None = None
+        self.candidates: list[dict[str, Any]] | None = None
         self.explicit_steps = False
         self.counted_optimizer: int | None = None
         self.finished = False
@@ -97,6 +98,7 @@ class _Trial:
             torch_peak_reserved=reserved,
             error=error,
             plan_applied=self.plan_applied,
+            candidates=self.candidates,
         ).write(self.request.report_path)
 
     def conclude(self, error: BaseException | None) -> int:
@@ -159,9 +161,14 @@ def prepare(model: M) -> M:
     trial = current()
     plan = parse_plan(trial.request.plan if trial is not None else os.environ.get(PLAN_ENV, "none"))
     if plan.is_none and trial is None:
-        return model
-    from autotune.backends.torch_modules import apply_plan  # imports torch: only once a model exists
+        return model  # outside a trial with no plan: not even torch is imported
+    from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
 
+    if trial is not None:
+        trial.candidates = [
+            {"cls": c.cls, "count": c.count, "outermost": c.outermost}
+            for c in find_candidates(model)  # type: ignore[arg-type]
+        ]
     applied = apply_plan(model, plan)  # type: ignore[arg-type]
     if trial is not None:
         trial.plan_applied = str(applied)

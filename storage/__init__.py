@@ -1,5 +1,10 @@
 """autotune.storage: the persistence layer (installed from storage/ as ``autotune.storage``).
 
-Trials are stored through Optuna's RDB storage (SQLAlchemy); autotune's own tables and their Alembic
-migrations live here. Filled by the tuning loop; the trial protocol itself persists nothing.
+Trials live in Optuna's tables (RDB storage through SQLAlchemy), so optuna's own API and optuna-dashboard
+open the database unchanged. autotune's tables (schema.py, migrated with Alembic under migrations/) map a
+workload's fingerprint to its studies and each study to its verified best plan.
 """
+
+from autotune.storage.store import BestRow, Store, StudyRow, open_store
+
+__all__ = ["BestRow", "Store", "StudyRow", "open_store"]

@@ -17,6 +17,16 @@ def touched(mib: float) -> bytearray:
     return bytearray(b"\x01") * int(mib * 2**20)  # filled, so every page is resident
 
 
+def plan_effect(spec: str, plan: str) -> tuple[float, float]:
+    """(memory saving, time overhead) of the trial's plan, e.g. plan 'A:1' with spec 'A=0.5:0.3'."""
+    effects = {}
+    for item in filter(None, spec.split(",")):
+        cls, _, values = item.partition("=")
+        saving, _, overhead = values.partition(":")
+        effects[cls] = (float(saving), float(overhead))
+    return effects.get(plan.split(":")[0], (0.0, 0.0))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--base-mib", type=float, default=0)
@@ -31,7 +41,15 @@ def main() -> None:
     p.add_argument("--worker-mib", type=float, default=0, help="fork a worker that holds this much")
     p.add_argument("--pid-file", default=None, help="append the pids of this trial here")
     p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
+    p.add_argument("--per-sample-seconds", type=float, default=0.0, help="step time added per sample")
+    p.add_argument(
+        "--plan-effects",
+        default="",
+        help="CLS=SAVING:OVERHEAD,...: the plan naming CLS keeps (1-SAVING) of the per-sample memory "
+        "and makes the per-sample time (1+OVERHEAD) longer",
+    )
     args = p.parse_args()
+    saving, overhead = plan_effect(args.plan_effects, os.environ.get("AUTOTUNE_PLAN", "none"))
 
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -56,7 +74,9 @@ def main() -> None:
         with open(args.pid_file, "a") as f:
             f.write(" ".join(map(str, pids)) + "\n")
 
-    held = touched(args.base_mib + autotune.batch_size(default=1) * args.per_sample_mib)  # noqa: F841
+    batch = autotune.batch_size(default=1)
+    held = touched(args.base_mib + batch * args.per_sample_mib * (1 - saving))  # noqa: F841
+    step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
     if args.never_step:
         while True:
             time.sleep(1)
@@ -66,7 +86,7 @@ def main() -> None:
         if step == args.oom_at:
             raise MemoryError(f"synthetic allocation failure at step {step}")
         spike = touched(args.spike_mib) if step == 1 else None
-        time.sleep(args.step_seconds)
+        time.sleep(step_seconds)
         del spike
         autotune.step()
     sys.stdout.write("finished all steps\n")

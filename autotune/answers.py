@@ -1,0 +1,180 @@
+"""Answers from the database, with no trial and no torch: ``best``, ``studies``, ``show``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.budget import Budget, format_bytes
+from autotune.command import TrialCommand
+from autotune.devices import resolve_device
+from autotune.errors import InputError, NoFitError
+from autotune.fingerprint import workload_of
+from autotune.paths import cache_dir, default_storage_url
+from autotune.protocol import BATCH_SIZE_ENV, PLAN_ENV
+from autotune.records import TrialRecord
+from autotune.search import best_record, records_of
+from autotune.storage import Store, StudyRow, open_store
+
+DEFAULT_HEADROOM = 0.05
+
+
+@dataclass(frozen=True)
+class BestAnswer:
+    study: str
+    script: str
+    batch_size: int
+    plan: str
+    peak_bytes: int  # the verified peak when verified, else the measured one
+    samples_per_sec: float
+    budget_bytes: int
+    verified: bool
+    source: str  # where the answer comes from, for humans
+
+    def env(self) -> dict[str, str]:
+        """What a script needs to train with this configuration outside autotune."""
+        return {BATCH_SIZE_ENV: str(self.batch_size), PLAN_ENV: self.plan}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "env": self.env()}
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    name: str
+    script: str
+    budget_bytes: int
+    trials: int  # counted trials
+    best_samples_per_sec: float | None
+    state: str  # "done" (verified winner stored) or "open"
+
+
+def open_default(storage: str | None, cache: Path | None) -> Store:
+    return open_store(storage or default_storage_url(cache_dir(cache)))
+
+
+def best(
+    store: Store,
+    command: TrialCommand | None = None,
+    budget: Budget | None = None,
+    study: str | None = None,
+    device: str = "auto",
+    environ: Mapping[str, str] | None = None,
+    backend: str = "torch",
+) -> BestAnswer:
+    """The best stored plan: of ``study``, of ``command`` (at ``budget``), or the most recent one.
+
+    For a budget with no verified winner, the fastest measured trial of the same workload that fits is
+    returned with ``verified=False``.
+
+    Raises:
+        InputError: no such study or workload. NoFitError: nothing stored fits.
+    """
+    env = dict(os.environ if environ is None else environ)
+    if study is not None:
+        row = store.study(study)
+        if row is None:
+            raise InputError(f"no study named {study!r} in {store.display_url}")
+        rows = [row]
+    elif command is not None:
+        dev = resolve_device(device, env)
+        rows = store.studies(workload_of(command, dev, backend).fingerprint)
+        if not rows:
+            raise InputError(
+                f"nothing stored for {command} on {dev.name} in {store.display_url}: run autotune run first"
+            )
+        if budget is not None:
+            return _for_budget(store, rows, budget.resolve(dev.total_bytes))
+    else:
+        rows = store.studies()
+        if not rows:
+            raise InputError(f"no study in {store.display_url}: run autotune run first")
+    answers = [a for a in (_stored(store, row) for row in rows) if a is not None]
+    if not answers:
+        return _from_trials(store, rows, rows[-1].budget_bytes, rows[-1].headroom)
+    return answers[-1]  # the most recently created study with a winner
+
+
+def _stored(store: Store, row: StudyRow) -> BestAnswer | None:
+    found = store.best(row.study_name)
+    if found is None:
+        return None
+    return BestAnswer(
+        row.study_name,
+        row.script,
+        found.batch_size,
+        found.plan,
+        found.verified_peak_bytes,
+        found.verified_samples_per_sec,
+        row.budget_bytes,
+        True,
+        f"verified winner of study {row.study_name}",
+    )
+
+
+def _for_budget(store: Store, rows: list[StudyRow], budget_bytes: int) -> BestAnswer:
+    exact = [a for a in (_stored(store, r) for r in rows if r.budget_bytes == budget_bytes) if a is not None]
+    if exact:
+        return max(exact, key=lambda a: a.samples_per_sec)
+    return _from_trials(store, rows, budget_bytes, DEFAULT_HEADROOM)
+
+
+def _from_trials(store: Store, rows: list[StudyRow], budget_bytes: int, headroom: float) -> BestAnswer:
+    limit = int(budget_bytes * (1 - headroom))
+    found: list[tuple[TrialRecord, StudyRow]] = []
+    for row in rows:
+        record = best_record(_records(store, row.study_name), limit)
+        if record is not None:
+            found.append((record, row))
+    if not found:
+        raise NoFitError(f"no stored trial fits {format_bytes(budget_bytes)} minus {headroom:.0%} headroom")
+    record, row = max(found, key=lambda pair: pair[0].samples_per_sec or 0.0)
+    return BestAnswer(
+        row.study_name,
+        row.script,
+        record.batch_size or 0,
+        record.plan or "none",
+        record.peak_bytes or 0,
+        record.samples_per_sec or 0.0,
+        budget_bytes,
+        False,
+        f"not verified: the fastest of the measured trials that fit (trial {record.number} of study "
+        f"{row.study_name})",
+    )
+
+
+def studies(store: Store) -> list[StudySummary]:
+    summaries = []
+    for row in store.studies():
+        records = _records(store, row.study_name)
+        stored = store.best(row.study_name)
+        summaries.append(
+            StudySummary(
+                row.study_name,
+                row.script,
+                row.budget_bytes,
+                sum(r.counted for r in records),
+                stored.verified_samples_per_sec if stored else None,
+                "done" if stored else "open",
+            )
+        )
+    return summaries
+
+
+def show(store: Store, name: str) -> tuple[StudyRow, list[TrialRecord]]:
+    row = store.study(name)
+    if row is None:
+        raise InputError(f"no study named {name!r} in {store.display_url}")
+    return row, _records(store, name)
+
+
+def _records(store: Store, name: str) -> list[TrialRecord]:
+    try:
+        return records_of(optuna.load_study(study_name=name, storage=store.optuna))
+    except KeyError:
+        return []

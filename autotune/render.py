@@ -1,0 +1,317 @@
+"""How the CLI draws things: trial lines and the live status of the running trial, tables, summaries.
+
+rich handles terminal width, colour and non-terminal output (CI logs get plain lines, no spinner).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from autotune.budget import format_bytes
+from autotune.records import TrialRecord
+
+
+class ConsoleReporter:
+    """A line per finished trial, and a status line with steps and seconds for the running one."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.status: Status | None = None
+        self.label = ""
+
+    def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
+        self.label = f"trial {number if number >= 0 else '-'}: batch {batch_size}, plan {plan} ({why})"
+        if self.console.is_terminal:
+            self.status = self.console.status(self.label)
+            self.status.start()
+
+    def trial_progress(self, steps: int, elapsed: float) -> None:
+        if self.status is not None:
+            self.status.update(f"{self.label}: {steps} steps, {elapsed:.0f}s")
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        self._stop_status()
+        best_text = (
+            f"best {best.samples_per_sec:,.1f}/s (#{best.number})"
+            if best and best.samples_per_sec
+            else "best -"
+        )
+        self.console.print(f"{_trial_line(record)}  {best_text}", highlight=False)
+
+    def skipped(self, record: TrialRecord) -> None:
+        self.console.print(f"{_trial_line(record)}", style="dim", highlight=False)
+
+    def note(self, text: str) -> None:
+        self._stop_status()
+        self.console.print(text, highlight=False)
+
+    def _stop_status(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+def _trial_line(r: TrialRecord) -> str:
+    peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
+    predicted = f" (pred {format_bytes(r.predicted_peak_bytes)})" if r.predicted_peak_bytes else ""
+    speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
+    outcome = r.outcome or r.kind
+    return f"trial {r.number:>3}  batch {r.batch_size!s:>5}  {r.plan!s:<24} peak {peak}{predicted}  {speed}  {outcome}"
+
+
+def trials_table(records: Sequence[TrialRecord], limit: int | None = None) -> Table:
+    """Every trial that ran (skipped and copied proposals are only counted: see not_run_line)."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("#", "batch", "plan", "outcome", "peak", "predicted", "samples/s", "note"):
+        numeric = column in ("#", "batch", "peak", "predicted", "samples/s")
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=column != "note")
+    for r in records:
+        if r.kind in ("skipped", "copy"):
+            continue
+        fits = "" if limit is None or not r.measured else (" ok" if r.fits(limit) else " over")
+        predicted = ""
+        if r.peak_bytes and r.predicted_peak_bytes:
+            error = (r.predicted_peak_bytes - r.peak_bytes) / r.peak_bytes
+            predicted = f"{format_bytes(r.predicted_peak_bytes)} {error:+.0%}"
+        note = r.note or r.error or ""
+        if r.kind not in ("measured", "verification"):
+            note = f"{r.kind}: {note}" if note else r.kind
+        table.add_row(
+            str(r.number),
+            str(r.batch_size),
+            r.plan or "",
+            (r.outcome or r.state.lower()) + fits,
+            format_bytes(r.peak_bytes) if r.peak_bytes is not None else "",
+            predicted,
+            f"{r.samples_per_sec:,.1f}" if r.samples_per_sec else "",
+            note,
+        )
+    return table
+
+
+def not_run_line(records: Sequence[TrialRecord]) -> str | None:
+    skipped = sum(r.kind == "skipped" for r in records)
+    copies = sum(r.kind == "copy" for r in records)
+    if not skipped and not copies:
+        return None
+    return (
+        f"not run: {skipped} sampler proposal(s) the memory model predicted cannot fit, "
+        f"{copies} re-proposal(s) of a measured configuration"
+    )
+
+
+def prediction_summary(records: Sequence[TrialRecord]) -> str | None:
+    """How good the memory model was: the median error of its predictions over the measured trials."""
+    errors = sorted(
+        abs(r.predicted_peak_bytes - r.peak_bytes) / r.peak_bytes
+        for r in records
+        if r.kind == "measured" and r.outcome == "complete" and r.peak_bytes and r.predicted_peak_bytes
+    )
+    if not errors:
+        return None
+    return (
+        f"memory model: median error {errors[len(errors) // 2]:.1%}, worst {errors[-1]:.1%} "
+        f"over {len(errors)} predicted trial(s)"
+    )
+
+
+def key_values(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def as_json(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+def console() -> Console:
+    # Logs and pipes get 120 columns, not rich's 80: the trial table should not lose its last column there.
+    return Console(highlight=False, width=None if Console().is_terminal else 120)
+
+
+def tuned(out: Console, result: Any, command: Sequence[str], budget: str, as_json: bool) -> None:
+    """The end of ``autotune run``: all trials, the prediction quality, the chosen configuration, its use."""
+    best = result.best
+    if as_json:
+        out.print(as_json_text(result), markup=False)
+        return
+    if not result.cached:
+        out.print(trials_table(result.records, result.limit_bytes))
+        for line in (not_run_line(result.records), prediction_summary(result.records)):
+            if line:
+                out.print(line)
+        if result.exhausted:
+            out.print(
+                "stopped early: every configuration left is predicted not to fit or was measured already"
+            )
+    out.print(
+        key_values(
+            [
+                ("study", f"{result.study_name} ({result.storage})"),
+                (
+                    "trials",
+                    f"{sum(r.counted for r in result.records)} counted, {result.new_trials} new in this run",
+                ),
+                ("batch size", str(best.batch_size)),
+                ("plan", best.plan),
+                (
+                    "peak",
+                    f"{format_bytes(best.verified_peak_bytes)} verified over a longer run "
+                    f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})",
+                ),
+                ("throughput", f"{best.verified_samples_per_sec:,.1f} samples/s"),
+            ]
+        ),
+        markup=False,
+    )
+    out.print(f'\nuse it:  eval "$({best_command(command, budget)})"', markup=False)
+
+
+def best_command(command: Sequence[str], budget: str) -> str:
+    """The `autotune best ... --env` line for a run's command (options before the script's own `--`)."""
+    import shlex
+
+    words = ["autotune", "best", "--budget", budget, "--env"]
+    if command[0].endswith(".py"):  # SCRIPT [-- ARGS]
+        words.append(command[0])
+        command = command[1:]
+    return shlex.join([*words, "--", *command] if command else words)
+
+
+def as_json_text(result: Any) -> str:
+    return as_json(
+        {
+            "study": result.study_name,
+            "cached": result.cached,
+            "new_trials": result.new_trials,
+            "budget_bytes": result.budget_bytes,
+            "limit_bytes": result.limit_bytes,
+            "batch_size": result.best.batch_size,
+            "plan": result.best.plan,
+            "peak_bytes": result.best.verified_peak_bytes,
+            "samples_per_sec": result.best.verified_samples_per_sec,
+            "trials": [r.__dict__ for r in result.records],
+        }
+    )
+
+
+def best(out: Console, answer: Any, as_json_flag: bool, as_env: bool) -> None:
+    import shlex
+
+    if as_env:
+        for name, value in answer.env().items():
+            out.print(f"export {name}={shlex.quote(value)}", markup=False)
+        return
+    if as_json_flag:
+        out.print(as_json(answer.to_dict()), markup=False)
+        return
+    out.print(
+        key_values(
+            [
+                ("study", answer.study),
+                ("script", answer.script),
+                ("batch size", str(answer.batch_size)),
+                ("plan", answer.plan),
+                ("peak", format_bytes(answer.peak_bytes)),
+                ("throughput", f"{answer.samples_per_sec:,.1f} samples/s"),
+                ("budget", format_bytes(answer.budget_bytes)),
+                ("source", answer.source),
+            ]
+        ),
+        markup=False,
+    )
+
+
+def studies(out: Console, summaries: Sequence[Any]) -> None:
+    table = Table()
+    for column in ("study", "script", "budget", "trials", "best samples/s", "state"):
+        table.add_column(column)
+    for s in summaries:
+        table.add_row(
+            s.name,
+            s.script,
+            format_bytes(s.budget_bytes),
+            str(s.trials),
+            f"{s.best_samples_per_sec:,.1f}" if s.best_samples_per_sec else "-",
+            s.state,
+        )
+    out.print(table)
+
+
+def show(out: Console, row: Any, records: Sequence[TrialRecord], as_json_flag: bool) -> None:
+    limit = int(row.budget_bytes * (1 - row.headroom))
+    if as_json_flag:
+        out.print(
+            as_json(
+                {
+                    "study": row.study_name,
+                    "budget_bytes": row.budget_bytes,
+                    "limit_bytes": limit,
+                    "trials": [r.__dict__ for r in records],
+                }
+            ),
+            markup=False,
+        )
+        return
+    out.print(
+        f"study {row.study_name}: {row.script}, budget {format_bytes(row.budget_bytes)} "
+        f"(limit {format_bytes(limit)})"
+    )
+    out.print(trials_table(records, limit))
+    for line in (not_run_line(records), prediction_summary(records)):
+        if line:
+            out.print(line)
+
+
+def measured(result: Any, budget_bytes: int | None, fits: bool | None) -> str:
+    """``autotune measure``'s human output."""
+    rows = [
+        ("outcome", result.outcome.value),
+        ("device", f"{result.device} ({result.device_name})"),
+        ("batch size", str(result.batch_size)),
+        ("plan", result.plan),
+        ("peak memory", f"{format_bytes(result.peak_bytes)} ({result.memory_method})"),
+    ]
+    if result.samples_per_sec is not None:
+        times = sorted(result.step_seconds)
+        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s"))
+        rows.append(
+            (
+                "step time",
+                f"median {_ms(times[len(times) // 2])}, min {_ms(times[0])}, max {_ms(times[-1])} "
+                f"over {len(times)} steps",
+            )
+        )
+    if result.torch_peak_reserved is not None:
+        rows.append(
+            (
+                "torch peak",
+                f"{format_bytes(result.torch_peak_allocated)} allocated, "
+                f"{format_bytes(result.torch_peak_reserved)} reserved",
+            )
+        )
+    if budget_bytes is not None:
+        rows.append(("budget", f"{format_bytes(budget_bytes)}: {_verdict(result, budget_bytes, fits)}"))
+    if result.memory_note:
+        rows.append(("note", result.memory_note))
+    rows.append(("logs", result.log_dir))
+    text = key_values(rows)
+    return f"{text}\n\n{result.error}" if result.error else text
+
+
+def _verdict(result: Any, budget_bytes: int, fits: bool | None) -> str:
+    if result.outcome.value != "complete":
+        return f"unknown: the trial did not complete ({result.outcome.value})"
+    margin = budget_bytes - result.peak_bytes
+    return f"{'fits' if fits else 'does not fit'} ({format_bytes(abs(margin))} {'to spare' if margin >= 0 else 'over'})"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
