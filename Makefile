@@ -1,5 +1,5 @@
 # Everything sets itself up: a virtual environment in .venv with the CPU build of torch (constraints/cpu.txt).
-#   make demo   measure the example transformer with and without activation checkpointing (CPU)
+#   make demo   tune the example transformer under a 1 GiB budget on the CPU, then answer from the database
 #   make test   run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/autotune measure examples/gpt.py --batch-size 16 --plan none --budget 2GiB
-	$(BIN)/autotune measure examples/gpt.py --batch-size 16 --plan all --budget 2GiB
+	$(BIN)/autotune run --budget 1GiB --trials 10 examples/gpt.py
+	$(BIN)/autotune best --budget 1GiB --json examples/gpt.py
 
 # pytest exits 5 when it collects no test (a `-k` that matches nothing, say): say so rather than fail.
 test: $(STAMP)

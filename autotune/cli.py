@@ -41,9 +41,13 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
 def cli(debug: bool) -> None:
     """autotune: the fastest batch size and recompute plan that fit a memory budget, measured."""
-    import logging
 
-    logging.getLogger("optuna").setLevel(logging.WARNING)  # autotune reports its trials itself
+
+def _quiet_optuna() -> None:
+    """autotune reports its own trials; Optuna's INFO lines (re-armed when it is imported) would repeat them."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def trial_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -238,9 +242,9 @@ def run(
         study=study,
         force=force,
     )
-    console = render.console()
-    result = tune(spec, os.environ, render.ConsoleReporter(console))
-    render.tuned(console, result, command, budget, as_json)
+    _quiet_optuna()
+    result = tune(spec, os.environ, render.ConsoleReporter(render.console(stderr=True)))
+    render.tuned(render.console(), result, command, budget, as_json)
 
 
 @cli.command()
@@ -273,6 +277,7 @@ def best(
     from autotune import answers, render
     from autotune.command import TrialCommand
 
+    _quiet_optuna()
     store = answers.open_default(storage, cache_dir)
     answer = answers.best(
         store,
@@ -291,6 +296,7 @@ def studies(storage: str | None, cache_dir: Path | None) -> None:
     """List the stored studies: script, budget, trials, best samples/s, state."""
     from autotune import answers, render
 
+    _quiet_optuna()
     render.studies(render.console(), answers.studies(answers.open_default(storage, cache_dir)))
 
 
@@ -302,6 +308,7 @@ def show(study: str, as_json: bool, storage: str | None, cache_dir: Path | None)
     """List the trials of STUDY, with the memory model's predictions beside the measured peaks."""
     from autotune import answers, render
 
+    _quiet_optuna()
     row, records = answers.show(answers.open_default(storage, cache_dir), study)
     render.show(render.console(), row, records, as_json)
 

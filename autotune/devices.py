@@ -30,6 +30,7 @@ class Device:
     index: int | None = None
     uuid: str | None = None
     handle: Any = None  # NVML handle (cuda only)
+    driver: str | None = None  # NVIDIA driver version (cuda only): part of a workload's fingerprint
 
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
@@ -93,6 +94,7 @@ def _cuda_device(nvml: Any, index: int, environ: Mapping[str, str]) -> Device:
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             handle=handle,
+            driver=_text(nvml.nvmlSystemGetDriverVersion()),
         )
     except nvml.NVMLError as e:
         raise DeviceError(f"cannot open cuda:{index} through NVML: {e}") from e

@@ -31,9 +31,7 @@ class Workload:
     details: dict[str, Any]  # everything hashed into the fingerprint except the script bytes
 
 
-def workload_of(
-    command: TrialCommand, device: Device, backend: str, driver_version: str | None = None
-) -> Workload:
+def workload_of(command: TrialCommand, device: Device, backend: str) -> Workload:
     """The fingerprint of running ``command`` on ``device`` with ``backend`` and the installed software."""
     script = command.script_path()
     details: dict[str, Any] = {
@@ -44,7 +42,7 @@ def workload_of(
         "versions": {
             "torch": _version("torch"),
             "onnxruntime-training": _version("onnxruntime-training"),
-            "nvidia-driver": driver_version,
+            "nvidia-driver": device.driver,
         },
         "backend": backend,
     }

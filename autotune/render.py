@@ -131,9 +131,15 @@ def as_json(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
 
 
-def console() -> Console:
-    # Logs and pipes get 120 columns, not rich's 80: the trial table should not lose its last column there.
-    return Console(highlight=False, width=None if Console().is_terminal else 120)
+def console(stderr: bool = False) -> Console:
+    """Results go to stdout; progress (trial lines, the live status) to stderr, so --json stays parseable.
+    Logs and pipes get 120 columns, not rich's 80: the trial table should not lose its last column there."""
+    return Console(
+        highlight=False,
+        soft_wrap=True,
+        stderr=stderr,
+        width=None if Console(stderr=stderr).is_terminal else 120,
+    )
 
 
 def tuned(out: Console, result: Any, command: Sequence[str], budget: str, as_json: bool) -> None:

@@ -70,7 +70,8 @@ def propose(
     records: list[TrialRecord], model: MemoryModel, space: SearchSpace, limit: int
 ) -> Proposal | None:
     """The next configuration the model wants measured, or None to let the sampler choose."""
-    tried = {(r.batch_size, r.plan) for r in records if r.measured or r.state in ("RUNNING", "WAITING")}
+    # Anything that ended (a failure too: a broken plan is not proposed again) or is under way.
+    tried = {(r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")}
     first = space.plans[0]
     if not model.calibrated:
         failing = min(
@@ -118,20 +119,25 @@ class Search:
         self.target = target
         self.reporter = reporter
         self.worker = worker_id()
+        self.trials_run = 0
         self.distributions: dict[str, BaseDistribution] = {
             "batch_size": CategoricalDistribution(space.batch_sizes),
             "plan": CategoricalDistribution(space.plans),
         }
 
     def run(self) -> bool:
-        """Search; True if it stopped because nothing new was left to try."""
+        """Search; True if it stopped because nothing new was left to try.
+
+        Queued trials (retries of interrupted ones) always run, even once the target is reached.
+        """
         misses = failures = 0
         while True:
             records = records_of(self.study)
-            if sum(r.counted for r in records) >= self.target:
+            queued = any(r.state == "WAITING" for r in records)
+            if sum(r.counted for r in records) >= self.target and not queued:
                 return False
             model = model_of(records)
-            proposal = propose(records, model, self.space, self.limit)
+            proposal = None if queued else propose(records, model, self.space, self.limit)
             if proposal is not None:
                 self.study.enqueue_trial(
                     {"batch_size": proposal.batch_size, "plan": proposal.plan},
@@ -202,6 +208,7 @@ class Search:
             )
             raise
         tell_result(self.study, trial, result, self.limit)
+        self.trials_run += 1
         records = records_of(self.study)
         self.reporter.trial_finished(records[trial.number], best_record(records, self.limit))
         return result

@@ -112,7 +112,7 @@ def tune(
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
     )
     run = partial(_run_config, spec, device, make_meter(device, nvml), root, env)
-    candidates = _discover(store, workload, spec, run, reporter)
+    candidates, discovered = _discover(store, workload, spec, run, reporter)
     space = build_space(spec.batch_sizes, spec.plans, candidates)
     key = study_key(
         workload,
@@ -151,7 +151,6 @@ def tune(
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
-    before = sum(r.counted for r in records_of(study))
     exhausted = search.run()
     best = _verify(search, partial(run, settings=spec.verify_settings), reporter)
     store.save_best(best)
@@ -165,7 +164,7 @@ def tune(
         best,
         records,
         cached=False,
-        new_trials=sum(r.counted for r in records) - before,
+        new_trials=search.trials_run + discovered,
         exhausted=exhausted,
     )
 
@@ -197,11 +196,12 @@ def _run_config(
 
 def _discover(
     store: Store, workload: Workload, spec: TuneSpec, run: Any, reporter: Reporter
-) -> list[dict[str, Any]]:
-    """The model's repeated module classes, from the workload's first trial (run once per fingerprint)."""
+) -> tuple[list[dict[str, Any]], int]:
+    """The model's repeated module classes, from the workload's first trial (run once per fingerprint,
+    again with ``force``), and how many trials that took (0 or 1)."""
     row = store.workload(workload.fingerprint)
-    if row and row["discovery"] is not None:
-        return list(row["candidates"] or [])
+    if row and row["discovery"] is not None and not spec.force:
+        return list(row["candidates"] or []), 0
     batch = spec.batch_sizes[0]
     reporter.trial_started(-1, batch, "none", "discovery")
     result: TrialResult = run(batch, "none", poll=reporter.trial_progress)
@@ -215,7 +215,7 @@ def _discover(
         f"discovery: batch {batch}, plan none: {result.outcome.value}, peak {format_bytes(result.peak_bytes)}; "
         f"repeated modules: {', '.join(c['cls'] for c in result.candidates or []) or 'none found'}"
     )
-    return list(result.candidates or [])
+    return list(result.candidates or []), 1
 
 
 _DISCOVERY_FIELDS = (

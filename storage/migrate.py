@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
-from autotune.storage.schema import HEAD_REVISION, VERSION_TABLE
 
 from autotune.errors import StorageError
+from autotune.storage.schema import HEAD_REVISION, VERSION_TABLE
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 KNOWN_REVISIONS = ["0001"]  # in order; the last is HEAD_REVISION

@@ -10,10 +10,10 @@ from typing import Any
 
 import optuna
 import sqlalchemy as sa
-from autotune.storage import database, schema
-from autotune.storage.migrate import migrate
 
 from autotune.errors import StorageError
+from autotune.storage import database, schema
+from autotune.storage.migrate import migrate
 
 
 @dataclass(frozen=True)

@@ -77,3 +77,6 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:
         pid, used = self._declared(handle)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used)] if pid is not None and used else []
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "999.99 (FAKE)"

@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner, Result
-from conftest import EXAMPLES, SYNTHETIC, MiB
 
 from autotune.cli import cli
+
+from conftest import EXAMPLES, SYNTHETIC, MiB
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 

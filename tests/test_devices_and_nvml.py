@@ -7,14 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, MiB
-from fake_nvml import FakeGpu, FakeNvml
 
 from autotune.command import TrialCommand
 from autotune.devices import resolve_device
 from autotune.errors import DeviceError, InputError
 from autotune.measurement import MeasureSpec, TrialSettings, measure
 from autotune.protocol import Outcome
+
+from conftest import SCRIPTS, MiB
+from fake_nvml import FakeGpu, FakeNvml
 
 
 @pytest.fixture

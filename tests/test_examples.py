@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import EXAMPLES
 
 AUTOTUNE = os.path.join(os.path.dirname(sys.executable), "autotune")

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SYNTHETIC, MiB, alive
 
 from autotune.protocol import Outcome
+
+from conftest import SYNTHETIC, MiB, alive
 
 
 def within(measured: int, expected: int) -> bool:

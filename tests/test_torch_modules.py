@@ -9,12 +9,13 @@ import sys
 
 import pytest
 import torch
-from conftest import EXAMPLES
 from torch import nn
 
 from autotune.backends.torch_modules import apply_plan, find_candidates
 from autotune.errors import InputError
 from autotune.plans import parse_plan
+
+from conftest import EXAMPLES
 
 _spec = importlib.util.spec_from_file_location("example_gpt", EXAMPLES / "gpt.py")
 gpt = importlib.util.module_from_spec(_spec)

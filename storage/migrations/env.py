@@ -4,6 +4,7 @@ it passes an open connection in ``config.attributes["connection"]``."""
 from __future__ import annotations
 
 from alembic import context
+
 from autotune.storage.schema import VERSION_TABLE, metadata
 
 connection = context.config.attributes["connection"]

@@ -1,0 +1,170 @@
+"""The tuner as a real process: racing first starts, reading while writing, kill -9 and resume, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from conftest import SYNTHETIC, alive
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+SLOW = [
+    "--",
+    "--base-mib",
+    "20",
+    "--per-sample-mib",
+    "4",
+    "--step-seconds",
+    "0.4",
+    "--plan-effects",
+    "A=0.5:0.25",
+]
+
+
+def tuner(cache: Path, study: str, trials: int) -> subprocess.Popen[str]:
+    argv = [
+        AUTOTUNE,
+        "run",
+        "--budget",
+        "300MiB",
+        "--trials",
+        str(trials),
+        "--study",
+        study,
+        "--plans",
+        "none;A",
+        "--batch-sizes",
+        "1-64",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(cache),
+        str(SYNTHETIC),
+        *SLOW,
+    ]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def trials_of(cache: Path, study: str) -> list[optuna.trial.FrozenTrial]:
+    try:
+        return optuna.load_study(study_name=study, storage=f"sqlite:///{cache / 'autotune.db'}").get_trials()
+    except KeyError:
+        return []
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.1)
+
+
+def running_trial_pids(cache: Path) -> list[int]:
+    """PIDs of trial processes (the harness) whose command line names this cache dir's trial files."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if str(cache).encode() in environ and b"AUTOTUNE_TRIAL_REQUEST" in environ:
+                pids.append(int(entry))
+    return pids
+
+
+def test_eight_processes_racing_to_create_a_fresh_database(tmp_path) -> None:
+    procs = [
+        subprocess.Popen(
+            [AUTOTUNE, "studies", "--cache-dir", str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    outcomes = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert [code for code, _ in outcomes] == [0] * 8, outcomes
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "autotune.db") as conn:
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0001",)]
+        assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)  # optuna's own
+
+
+def test_kill_9_mid_trial_then_resume(tmp_path) -> None:
+    first = tuner(tmp_path, "resume", trials=5)
+    counted = lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "resume"))  # noqa: E731
+    wait_for(
+        lambda: counted() >= 2 and any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "resume"))
+    )
+
+    # `best` from a second process while the run writes: not verified yet, answered from fitting trials.
+    answer = subprocess.run(
+        [AUTOTUNE, "best", "--study", "resume", "--cache-dir", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout)["verified"] is False
+
+    interrupted = next(t for t in trials_of(tmp_path, "resume") if t.state == TrialState.RUNNING)
+    assert running_trial_pids(tmp_path)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    time.sleep(1.0)
+    assert [pid for pid in running_trial_pids(tmp_path) if alive(pid)] == []
+
+    second = tuner(tmp_path, "resume", trials=5)
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    assert "1 interrupted trial(s) failed and queued for one retry" in err
+    trials = trials_of(tmp_path, "resume")
+    assert [t.number for t in trials] == list(range(len(trials)))  # numbering continues
+    assert trials[interrupted.number].state == TrialState.FAIL
+    assert trials[interrupted.number].user_attrs["note"] == "interrupted; retried once"
+    retries = [t for t in trials if t.user_attrs.get("retry_of") == interrupted.number]
+    assert len(retries) == 1
+    assert retries[0].params == interrupted.params
+    assert retries[0].user_attrs["outcome"] == "complete"
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert (
+        sum(
+            t.user_attrs.get("kind") in ("discovery", "measured") and "outcome" in t.user_attrs
+            for t in trials
+        )
+        == 5
+    )
+
+
+def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path) -> None:
+    proc = tuner(tmp_path, "interrupt", trials=6)
+    wait_for(
+        lambda: (
+            sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "interrupt")) >= 2
+            and any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "interrupt"))
+        )
+    )
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Interrupted: the running trial was stopped." in err
+    assert running_trial_pids(tmp_path) == []
+    trials = trials_of(tmp_path, "interrupt")
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs["note"] == "interrupted; retried once"
+    assert sum("outcome" in t.user_attrs for t in trials) >= 2  # kept

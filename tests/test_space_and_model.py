@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import InputError
+from autotune.memory_model import MemoryModel, Observation
+from autotune.space import default_plans, ladder, parse_batch_sizes, parse_plan_list
+
+MiB = 2**20
+
+
+def test_ladder_is_powers_of_two_and_midpoints() -> None:
+    assert ladder(1, 100) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
+    assert ladder(8, 64) == (8, 12, 16, 24, 32, 48, 64)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8-64", (8, 12, 16, 24, 32, 48, 64)), ("16,8,8, 24", (8, 16, 24)), ("5-5", (5,)), ("7-7", (7,))],
+)
+def test_batch_sizes(text: str, expected: tuple[int, ...]) -> None:
+    assert parse_batch_sizes(text) == expected
+
+
+def test_default_batch_sizes_reach_65536() -> None:
+    sizes = parse_batch_sizes(None)
+    assert (sizes[0], sizes[-1], len(sizes)) == (1, 65536, 32)
+
+
+@pytest.mark.parametrize("text", ["0-8", "8-4", "a-b", "8,x", "", "-8", "1.5"])
+def test_bad_batch_sizes(text: str) -> None:
+    with pytest.raises(InputError, match="batch"):
+        parse_batch_sizes(text)
+
+
+def test_plan_lists_are_canonical_and_deduplicated() -> None:
+    assert parse_plan_list(["none;all", "Block:0.50;none", "MLP"]) == ("none", "all", "Block:0.5", "MLP:1")
+    with pytest.raises(InputError, match="names no plan"):
+        parse_plan_list([";"])
+
+
+def test_default_plans_from_the_candidates() -> None:
+    candidates = [
+        {"cls": "Block", "count": 12, "outermost": True},
+        {"cls": "MLP", "count": 12, "outermost": False},
+    ]
+    assert default_plans(candidates) == ("none", "Block:1", "Block:0.25", "Block:0.5", "Block:0.75", "MLP:1")
+    assert default_plans([]) == ("none",)
+
+
+def obs(batch: int, plan: str, mib: float, complete: bool = True) -> Observation:
+    return Observation(batch, plan, int(mib * MiB), complete)
+
+
+def test_model_needs_two_batch_sizes_of_one_plan() -> None:
+    assert not MemoryModel.fit([obs(1, "none", 110)]).calibrated
+    assert not MemoryModel.fit([obs(1, "none", 110), obs(1, "A", 105)]).calibrated
+    assert MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140)]).calibrated
+
+
+def test_model_fits_shared_fixed_memory_and_per_plan_slopes() -> None:
+    model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140), obs(8, "A", 140)])
+    assert model.fixed == pytest.approx(100 * MiB)
+    assert model.per_sample["none"] == pytest.approx(10 * MiB)
+    assert model.per_sample["A"] == pytest.approx(5 * MiB)
+    assert model.predict(10, "A") == pytest.approx(150 * MiB)
+    assert model.predict(10, "unmeasured") == pytest.approx(200 * MiB)  # borrows the largest slope
+
+
+def test_largest_fitting_batch_and_measurement_overrules_the_model() -> None:
+    batches = (1, 2, 4, 8, 16, 32)
+    model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140)])
+    assert model.largest_fitting("none", batches, 190 * MiB) == 8
+    # Measured over the limit at 8: nothing from 8 up, whatever the model says.
+    model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140), obs(8, "none", 195)])
+    assert model.largest_fitting("none", batches, 190 * MiB) == 4
+    # An OOM is a ceiling too, and its peak is not used for the fit.
+    model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140), obs(8, "none", 60, complete=False)])
+    assert model.per_sample["none"] == pytest.approx(10 * MiB)
+    assert model.largest_fitting("none", batches, 10_000 * MiB) == 4
+    # Measured to fit where the model predicted it would not: the measurement wins.
+    model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140), obs(16, "none", 180)])
+    assert model.largest_fitting("none", batches, 185 * MiB) == 16

@@ -1,0 +1,243 @@
+"""The tuning loop on real trials of the synthetic script: memory (real, measured) and speed are known
+functions of batch size and plan, so the winner is known exactly.
+
+Fixed memory ≈ 35 MiB (interpreter + 20 MiB base), 8 MiB per sample; limit = 290 MiB x 0.95 = 275.5 MiB.
+  none (no saving)                     fits up to 24 (32 -> 291 MiB)   0.05+24*0.0005        -> ~387 samples/s
+  A:1  (saves 50%, +25% time)          fits up to 48 (64 -> 291 MiB)   0.05+48*0.0005*1.25   -> ~600 samples/s
+  B:1  (saves 75%, +400% time)         fits up to 96 (128 -> 291 MiB)  0.05+96*0.0005*5      -> ~331 samples/s
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli import cli
+
+from conftest import SYNTHETIC, MiB
+
+ARGS = [
+    "--",
+    *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.05 --per-sample-seconds 0.0005".split(),
+    "--plan-effects",
+    "A=0.5:0.25,B=0.75:4",
+]
+OPTIONS = "--plans none;A;B --batch-sizes 1-128 --steps 3 --warmup-steps 1 --device cpu".split()
+
+
+def run(cache: Path, *extra: str, budget: str = "290MiB", trials: int = 10, args: list[str] = ARGS):
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--budget",
+            budget,
+            "--trials",
+            str(trials),
+            "--cache-dir",
+            str(cache),
+            *OPTIONS,
+            *extra,
+            str(SYNTHETIC),
+            *args,
+        ],
+    )
+    return result
+
+
+def study_trials(cache: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{cache / 'autotune.db'}").get_trials()
+
+
+def test_the_search_finds_the_exact_winner_and_never_an_over_budget_one(tmp_path) -> None:
+    result = run(tmp_path, "--json", "--study", "exact")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["batch_size"], data["plan"]) == (48, "A:1")
+    limit = data["limit_bytes"]
+    assert limit == int(290 * MiB * 0.95)
+    assert data["peak_bytes"] <= limit
+    trials = study_trials(tmp_path, "exact")
+    ran = [
+        (t.params["batch_size"], t.params["plan"])
+        for t in trials
+        if t.user_attrs["kind"] in ("discovery", "measured")
+    ]
+    # discovery, calibration, then each plan's largest predicted fit, the unmeasured plans starting from
+    # none's slope (a safe overestimate) and moving up once measured.
+    assert ran[:7] == [
+        (1, "none"),
+        (4, "none"),
+        (24, "none"),
+        (24, "A:1"),
+        (48, "A:1"),
+        (24, "B:1"),
+        (96, "B:1"),
+    ]
+    assert (
+        sum(t.user_attrs["kind"] in ("discovery", "measured") and "outcome" in t.user_attrs for t in trials)
+        == 10
+    )
+    for t in trials:
+        if t.user_attrs.get("kind") == "measured":
+            for name in ("outcome", "peak_bytes", "samples_per_sec", "log_dir"):
+                assert name in t.user_attrs
+            assert Path(t.user_attrs["log_dir"], "stderr.log").exists()
+            fits = t.user_attrs["peak_bytes"] <= limit
+            assert (t.constraints["memory"] <= 0) == fits
+    verification = [t for t in trials if t.user_attrs["kind"] == "verification"]
+    assert [(t.params["batch_size"], t.params["plan"]) for t in verification] == [(48, "A:1")]
+    assert verification[0].user_attrs["peak_bytes"] <= limit
+
+
+def test_the_same_run_again_makes_no_trial_and_force_retunes(tmp_path) -> None:
+    assert run(tmp_path, "--study", "again", trials=5).exit_code == 0
+    before = len(study_trials(tmp_path, "again"))
+    second = run(tmp_path, "--study", "again", trials=5)
+    assert second.exit_code == 0, second.output
+    assert "zero trials" in second.output
+    assert "0 new in this run" in second.output
+    assert len(study_trials(tmp_path, "again")) == before
+    forced = run(tmp_path, "--study", "again", "--force", trials=5)
+    assert forced.exit_code == 0
+    assert "5 counted, 5 new in this run" in forced.output
+
+
+def test_best_answers_from_the_database(tmp_path) -> None:
+    assert run(tmp_path, trials=8).exit_code == 0
+    answer = CliRunner().invoke(cli, ["best", "--cache-dir", str(tmp_path), "--json"])
+    assert answer.exit_code == 0, answer.output
+    data = json.loads(answer.stdout)
+    assert {"batch_size", "plan", "peak_bytes", "samples_per_sec", "budget_bytes", "study"} <= data.keys()
+    assert (data["batch_size"], data["plan"], data["verified"]) == (48, "A:1", True)
+    by_script = CliRunner().invoke(
+        cli,
+        [
+            "best",
+            "--cache-dir",
+            str(tmp_path),
+            "--budget",
+            "290MiB",
+            "--device",
+            "cpu",
+            "--env",
+            str(SYNTHETIC),
+            *ARGS,
+        ],
+    )
+    assert by_script.exit_code == 0, by_script.output
+    assert by_script.output.splitlines() == ["export AUTOTUNE_BATCH_SIZE=48", "export AUTOTUNE_PLAN=A:1"]
+    # A budget with no winner of its own is answered from the measured trials that fit, and says so.
+    smaller = CliRunner().invoke(
+        cli,
+        [
+            "best",
+            "--cache-dir",
+            str(tmp_path),
+            "--budget",
+            "200MiB",
+            "--device",
+            "cpu",
+            "--json",
+            str(SYNTHETIC),
+            *ARGS,
+        ],
+    )
+    assert smaller.exit_code == 0, smaller.output
+    data = json.loads(smaller.stdout)
+    assert data["verified"] is False
+    assert data["source"].startswith("not verified")
+    assert data["peak_bytes"] <= 200 * MiB * 0.95
+
+
+def test_another_budget_starts_from_the_measured_trials(tmp_path) -> None:
+    assert run(tmp_path, "--study", "big", trials=8).exit_code == 0
+    result = run(tmp_path, "--study", "small", "--json", budget="200MiB", trials=4)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    # limit 190 MiB: none up to 16, A up to 32 (~0.05+32*0.000625 -> 457/s), B up to 64 (0.05+64*0.0025 -> 305/s)
+    assert (data["batch_size"], data["plan"]) == (32, "A:1")
+    kinds = [t.user_attrs["kind"] for t in study_trials(tmp_path, "small")]
+    assert kinds.count("warm-start") >= 6
+
+
+def test_no_configuration_fits_is_one_line_and_keeps_the_trials(tmp_path) -> None:
+    result = run(tmp_path, "--study", "tiny", budget="30MiB", trials=4)
+    assert result.exit_code == 6
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(
+        "Error: no configuration fits 28.50 MiB (budget minus headroom): the smallest peak measured"
+    )
+    assert "(batch 1, plan none, trial 0); every trial is kept" in last
+    assert sum("outcome" in t.user_attrs for t in study_trials(tmp_path, "tiny")) >= 2
+
+
+def test_a_script_that_always_fails_shows_its_own_stderr(tmp_path) -> None:
+    result = run(tmp_path, args=["--", "--crash-at", "0"])
+    assert result.exit_code == 7
+    assert "Error: the script's first trial failed" in result.output
+    assert "ValueError: synthetic crash at step 0" in result.output
+    assert "autotune/tuning.py" not in result.output  # the script's traceback, not autotune's
+
+
+def test_a_corrupt_database_is_one_line_naming_the_file(tmp_path) -> None:
+    (tmp_path / "autotune.db").write_bytes(b"this is not a database" * 100)
+    for command in (["best"], ["studies"], ["run", "--budget", "1GB", str(SYNTHETIC)]):
+        result = CliRunner().invoke(cli, [*command, "--cache-dir", str(tmp_path)])
+        assert result.exit_code == 5, result.output
+        assert (
+            result.output.strip()
+            == f"Error: cannot open the database {tmp_path / 'autotune.db'}: file is not a database"
+        )
+
+
+def test_a_database_written_by_a_newer_autotune_is_refused(tmp_path) -> None:
+    assert CliRunner().invoke(cli, ["studies", "--cache-dir", str(tmp_path)]).exit_code == 0
+    with sqlite3.connect(tmp_path / "autotune.db") as conn:
+        conn.execute("UPDATE autotune_alembic_version SET version_num = '9999'")
+    result = CliRunner().invoke(cli, ["studies", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 5
+    assert "revision 9999) is newer than this autotune knows (0001): upgrade autotune" in result.output
+
+
+def test_an_optuna_database_gains_autotune_tables_and_keeps_its_trials(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'autotune.db'}"
+    study = optuna.create_study(storage=url, study_name="theirs")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    result = CliRunner().invoke(cli, ["studies", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert len(optuna.load_study(study_name="theirs", storage=url).trials) == 3
+    with sqlite3.connect(tmp_path / "autotune.db") as conn:
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0001",)]
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "x" * 129, "tab\there"])
+def test_bad_study_names(tmp_path, name) -> None:
+    result = run(tmp_path, "--study", name)
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: ")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
+    from conftest import EXAMPLES
+
+    model = ["--", "--n-layer", "4", "--n-embd", "64", "--block-size", "64"]
+    argv = ["run", "--budget", "700MiB", "--trials", "5", "--batch-sizes", "2-48", "--steps", "2", "--warmup-steps", "1",
+            "--device", "cpu", "--cache-dir", str(tmp_path), "--json", str(EXAMPLES / "gpt.py"), *model]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["peak_bytes"] <= data["limit_bytes"] < 700 * MiB
+    plans = {t["plan"] for t in data["trials"]}
+    assert "none" in plans and plans & {"Block:1", "Block:0.5", "CausalSelfAttention:1", "MLP:1"}
+    answer = CliRunner().invoke(cli, ["best", "--cache-dir", str(tmp_path), "--json"])
+    assert json.loads(answer.stdout)["batch_size"] == data["batch_size"]
+    again = CliRunner().invoke(cli, argv)
+    assert json.loads(again.stdout)["new_trials"] == 0
