@@ -16,9 +16,10 @@ from autotune.devices import resolve_device
 from autotune.errors import InputError, NoFitError
 from autotune.fingerprint import workload_of
 from autotune.paths import cache_dir, default_storage_url
+from autotune.probe import saving_per_sample
 from autotune.protocol import BATCH_SIZE_ENV, PLAN_ENV
 from autotune.records import TrialRecord
-from autotune.search import best_record, records_of
+from autotune.search import best_record, model_of, records_of
 from autotune.storage import Store, StudyRow, open_store
 
 DEFAULT_HEADROOM = 0.05
@@ -42,6 +43,19 @@ class BestAnswer:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "env": self.env()}
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """The probe's predicted saving of a plan beside the saving its measured trials show (bytes per sample)."""
+
+    plan: str
+    predicted: float
+    measured: float | None  # None until the plan (and none) have been measured
+    flagged: bool  # measured and more than FLAG_TOLERANCE away from the prediction
+
+
+FLAG_TOLERANCE = 0.25
 
 
 @dataclass(frozen=True)
@@ -166,11 +180,33 @@ def studies(store: Store) -> list[StudySummary]:
     return summaries
 
 
-def show(store: Store, name: str) -> tuple[StudyRow, list[TrialRecord]]:
+def show(store: Store, name: str) -> tuple[StudyRow, list[TrialRecord], list[PlanCheck]]:
+    """A study's trials, and the honesty check of the probe's predictions against them."""
     row = store.study(name)
     if row is None:
         raise InputError(f"no study named {name!r} in {store.display_url}")
-    return row, _records(store, name)
+    records = _records(store, name)
+    discovery = (store.workload(row.fingerprint) or {}).get("discovery") or {}
+    return row, records, plan_checks(discovery.get("probe"), records, row.space["plans"])
+
+
+def plan_checks(
+    probe_data: dict[str, Any] | None, records: list[TrialRecord], plans: list[str]
+) -> list[PlanCheck]:
+    if not probe_data:
+        return []
+    model = model_of(records)
+    checks = []
+    for plan in plans:
+        if plan == "none":
+            continue
+        predicted = saving_per_sample(probe_data, plan)
+        measured = model.measured_saving(plan)
+        flagged = measured is not None and abs(predicted - measured) > FLAG_TOLERANCE * max(
+            abs(measured), 2**20
+        )
+        checks.append(PlanCheck(plan, predicted, measured, flagged))
+    return checks
 
 
 def _records(store: Store, name: str) -> list[TrialRecord]:

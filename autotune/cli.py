@@ -248,6 +248,55 @@ def run(
 
 
 @cli.command()
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.option(
+    "--batch-size",
+    "-b",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Batch size of the instrumented trial.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--timeout", type=float, default=900, show_default=True, help="Seconds the trial may run.")
+@click.option(
+    "--cache-dir",
+    envvar="AUTOTUNE_CACHE_DIR",
+    type=click.Path(path_type=Path),
+    help="Where trial logs go (default: the user cache dir).",
+)
+def probe(
+    command: tuple[str, ...],
+    batch_size: int,
+    as_json: bool,
+    device: str,
+    timeout: float,
+    cache_dir: Path | None,
+) -> None:
+    """List the recompute candidates of a model with their measured savings (one instrumented trial).
+
+    Module level: each repeated module class; operator level: the op kinds inside the outermost
+    repeated class. Each row is a plan string that measure, run --plans and best accept.
+    """
+    from autotune import render
+    from autotune.command import TrialCommand
+    from autotune.measurement import MeasureSpec, TrialSettings
+    from autotune.measurement import measure as run_measure
+
+    spec = MeasureSpec(
+        command=TrialCommand.parse(command),
+        batch_size=batch_size,
+        device=device,
+        settings=TrialSettings(1, 3, timeout, timeout),
+        cache_dir=cache_dir,
+    )
+    result = run_measure(spec, os.environ, probe=True)
+    render.probed(render.console(), result, as_json)
+    click.get_current_context().exit(0 if result.outcome.value == "complete" else 1)
+
+
+@cli.command()
 @COMMAND
 @click.option("--budget", help="The budget the plan was tuned for (default: the most recent).")
 @click.option("--study", help="Answer from this study.")
@@ -305,12 +354,13 @@ def studies(storage: str | None, cache_dir: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the trials as JSON.")
 @storage_options
 def show(study: str, as_json: bool, storage: str | None, cache_dir: Path | None) -> None:
-    """List the trials of STUDY, with the memory model's predictions beside the measured peaks."""
+    """List the trials of STUDY, with the memory model's predictions beside the measured peaks, and each
+    plan's saving as the probe predicted it beside the saving its trials measured."""
     from autotune import answers, render
 
     _quiet_optuna()
-    row, records = answers.show(answers.open_default(storage, cache_dir), study)
-    render.show(render.console(), row, records, as_json)
+    row, records, checks = answers.show(answers.open_default(storage, cache_dir), study)
+    render.show(render.console(), row, records, checks, as_json)
 
 
 def _fraction(text: str) -> float:

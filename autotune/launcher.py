@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,13 @@ class ProcessExit:
 
 
 def run_process(
-    launch: Launch, meter: MemoryMeter, on_poll: Callable[[int, float], None] | None = None
+    launch: Launch,
+    meter: MemoryMeter,
+    on_poll: Callable[[int, float], None] | None = None,
+    interruptible: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> tuple[ProcessExit, MemoryReading]:
-    """Run ``launch`` to its end, metered. ``on_poll(steps_done, elapsed)`` is called while it runs.
+    """Run ``launch`` to its end, metered. ``on_poll(steps_done, elapsed)`` is called while it runs;
+    ``interruptible()`` encloses the wait for the trial, once its launcher is up (see autotune.interrupts).
 
     Raises:
         TrialError: the shim could not be started or left no result.
@@ -92,7 +97,8 @@ def run_process(
     meter.start(shim.pid)
     timed_out: str | None = None
     try:
-        timed_out = _wait(shim, launch, started, on_poll)
+        with interruptible() if interruptible is not None else nullcontext():
+            timed_out = _wait(shim, launch, started, on_poll)
     except BaseException:
         _stop(shim, launch.grace)
         raise

@@ -6,6 +6,7 @@ import os
 import signal
 import statistics
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ class TrialResult:
     torch_peak_reserved: int | None = None
     memory_note: str | None = None
     candidates: list[dict[str, Any]] | None = None
+    probe: dict[str, Any] | None = None
 
     def fits(self, budget_bytes: int) -> bool:
         """Completed, and its measured peak is within ``budget_bytes``."""
@@ -91,8 +93,10 @@ class TrialResult:
         return data
 
 
-def measure(spec: MeasureSpec, environ: Mapping[str, str] | None = None, nvml: Any = None) -> TrialResult:
-    """Run one trial of ``spec`` and measure it.
+def measure(
+    spec: MeasureSpec, environ: Mapping[str, str] | None = None, nvml: Any = None, probe: bool = False
+) -> TrialResult:
+    """Run one trial of ``spec`` and measure it (with the probe's instruments if ``probe``).
 
     Args:
         spec: what to run.
@@ -114,6 +118,7 @@ def measure(spec: MeasureSpec, environ: Mapping[str, str] | None = None, nvml: A
         cache_dir(spec.cache_dir),
         env,
         spec.backend,
+        probe=probe,
     )
 
 
@@ -128,6 +133,8 @@ def run_trial(
     environ: Mapping[str, str],
     backend: str = "torch",
     on_poll: Callable[[int, float], None] | None = None,
+    probe: bool = False,
+    interruptible: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``."""
     workdir = new_trial_dir(root)
@@ -140,6 +147,7 @@ def run_trial(
         measured_steps=settings.measured_steps,
         report_path=str(workdir / "report.json"),
         progress_path=str(workdir / "progress.json"),
+        probe=probe,
     )
     request.write(workdir / "request.json")
     child_env = {
@@ -159,7 +167,7 @@ def run_trial(
         timeout=settings.timeout,
         grace=settings.grace,
     )
-    exit_info, reading = run_process(launch, meter, on_poll)
+    exit_info, reading = run_process(launch, meter, on_poll, interruptible)
     report = _read_report(Path(request.report_path))
     outcome, error = classify(exit_info, report, settings)
     if outcome is Outcome.FAILED:
@@ -224,6 +232,7 @@ def _result(
         torch_peak_reserved=report.torch_peak_reserved if report else None,
         memory_note=reading.note,
         candidates=report.candidates if report else None,
+        probe=report.probe if report else None,
     )
 
 

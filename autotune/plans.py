@@ -8,6 +8,12 @@ can name stored trials::
     Block                    checkpoint every instance of class Block            (ratio 1)
     Block:0.5                checkpoint the first half of the Block instances (ColossalAI's ratio)
     Attention:1,MLP:0.25     several classes; nested instances inside a checkpointed one are skipped
+    Block:1/save=matmul      operator level: inside the checkpointed Blocks keep (save) the outputs of
+                             matmuls and recompute every other op in backward (Megatron's selective recompute)
+    Block:1/recompute=softmax+dropout
+                             operator level: recompute only softmax and dropout, keep everything else
+
+Operator kinds: matmul, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
 Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
 in module order are checkpointed (at least one for any ratio > 0).
@@ -24,15 +30,40 @@ from dataclasses import dataclass
 from autotune.errors import InputError
 
 _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+OP_KINDS = ("matmul", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
 _RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
 
 
 @dataclass(frozen=True, order=True)
+class OpPolicy:
+    """Which operator kinds a checkpointed region keeps: ``save`` these (recompute the rest), or
+    ``recompute`` these (save the rest)."""
+
+    mode: str  # "save" or "recompute"
+    kinds: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.kinds if k not in OP_KINDS]
+        if self.mode not in ("save", "recompute") or not self.kinds or unknown:
+            raise InputError(
+                f"invalid operator policy {self}: expected save=KIND[+KIND...] or recompute=KIND[+KIND...] "
+                f"with kinds from {', '.join(OP_KINDS)}"
+            )
+
+    def saves(self, kind: str) -> bool:
+        return (kind in self.kinds) == (self.mode == "save")
+
+    def __str__(self) -> str:
+        return f"{self.mode}={'+'.join(self.kinds)}"
+
+
+@dataclass(frozen=True, order=True)
 class ModuleRule:
-    """Checkpoint ``ratio`` of the instances of module class ``cls``."""
+    """Checkpoint ``ratio`` of the instances of module class ``cls`` (selectively, with ``ops``)."""
 
     cls: str
     ratio: float = 1.0
+    ops: OpPolicy | None = None
 
     def __post_init__(self) -> None:
         if not _CLASS.fullmatch(self.cls):
@@ -45,7 +76,7 @@ class ModuleRule:
         return max(1, math.floor(self.ratio * instances + 0.5)) if instances else 0
 
     def __str__(self) -> str:
-        return f"{self.cls}:{self.ratio:.3g}"
+        return f"{self.cls}:{self.ratio:.3g}" + (f"/{self.ops}" if self.ops else "")
 
 
 @dataclass(frozen=True)
@@ -88,6 +119,7 @@ def parse_plan(text: str) -> Plan:
         return Plan.all()
     rules: dict[str, ModuleRule] = {}
     for part in spec.split(","):
+        part, _, policy_text = part.partition("/")
         name, sep, ratio_text = part.strip().partition(":")
         if sep and not (ratio_text and _RATIO.fullmatch(ratio_text)):
             raise InputError(f"invalid plan {text!r}: ratio {ratio_text!r} must be a number in (0, 1]")
@@ -97,5 +129,16 @@ def parse_plan(text: str) -> Plan:
             )
         if name in rules:
             raise InputError(f"invalid plan {text!r}: class {name} named twice")
-        rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0)
+        rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, _parse_policy(policy_text, text))
     return Plan(rules=tuple(sorted(rules.values())))
+
+
+def _parse_policy(text: str, plan: str) -> OpPolicy | None:
+    if not text.strip():
+        return None
+    mode, sep, kinds = text.strip().partition("=")
+    if not sep:
+        raise InputError(
+            f"invalid plan {plan!r}: expected /save=KIND+... or /recompute=KIND+... after the class"
+        )
+    return OpPolicy(mode.strip(), tuple(sorted({k.strip() for k in kinds.split("+") if k.strip()})))

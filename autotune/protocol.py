@@ -45,6 +45,7 @@ class TrialRequest:
     measured_steps: int
     report_path: str
     progress_path: str
+    probe: bool = False  # instrument the model (autotune.backends.torch_probe) instead of applying a plan
 
     @property
     def total_steps(self) -> int:
@@ -71,6 +72,7 @@ class TrialReport:
     error: str | None = None
     plan_applied: str | None = None  # the plan as applied, with `all` expanded to classes
     candidates: list[dict[str, Any]] | None = None  # the model's repeated module classes, once prepared
+    probe: dict[str, Any] | None = None  # the probe's measurements, in a probe trial
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

@@ -1,9 +1,9 @@
 """One stored trial as autotune reads it: a view over an Optuna FrozenTrial's params and user attributes.
 
-Every trial carries ``kind``: ``measured`` (ran here), ``discovery`` (the workload's first trial),
+Every trial carries ``kind``: ``measured`` (ran here), ``verification`` (the winner re-run longer),
 ``warm-start`` (measured for another budget of the same workload), ``skipped`` (the memory model predicted
 it cannot fit; not run), ``copy`` (the sampler proposed a configuration measured already). Only
-``measured`` and ``discovery`` trials count against ``--trials``.
+``measured`` trials count against ``--trials``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 MiB = 2**20
-COUNTED = ("measured", "discovery")
+COUNTED = ("measured",)
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,9 @@ def studies(out: Console, summaries: Sequence[Any]) -> None:
     out.print(table)
 
 
-def show(out: Console, row: Any, records: Sequence[TrialRecord], as_json_flag: bool) -> None:
+def show(
+    out: Console, row: Any, records: Sequence[TrialRecord], checks: Sequence[Any], as_json_flag: bool
+) -> None:
     limit = int(row.budget_bytes * (1 - row.headroom))
     if as_json_flag:
         out.print(
@@ -261,6 +263,7 @@ def show(out: Console, row: Any, records: Sequence[TrialRecord], as_json_flag: b
                     "budget_bytes": row.budget_bytes,
                     "limit_bytes": limit,
                     "trials": [r.__dict__ for r in records],
+                    "plan_checks": [c.__dict__ for c in checks],
                 }
             ),
             markup=False,
@@ -274,6 +277,20 @@ def show(out: Console, row: Any, records: Sequence[TrialRecord], as_json_flag: b
     for line in (not_run_line(records), prediction_summary(records)):
         if line:
             out.print(line)
+    if checks:
+        out.print(checks_table(checks))
+
+
+def checks_table(checks: Sequence[Any]) -> Table:
+    """The honesty check: each plan's saving per sample, as the probe predicted it and as measured."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="plan savings per sample: probe vs trials")
+    for column in ("plan", "predicted", "measured", "check"):
+        table.add_column(column, justify="left" if column in ("plan", "check") else "right")
+    for c in checks:
+        measured = _signed_bytes(c.measured) if c.measured is not None else "not measured"
+        verdict = "FAR FROM PREDICTION" if c.flagged else ("ok" if c.measured is not None else "")
+        table.add_row(c.plan, _signed_bytes(c.predicted), measured, verdict)
+    return table
 
 
 def measured(result: Any, budget_bytes: int | None, fits: bool | None) -> str:
@@ -321,3 +338,85 @@ def _verdict(result: Any, budget_bytes: int, fits: bool | None) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
+
+
+def probed(out: Console, result: Any, as_json_flag: bool) -> None:
+    """``autotune probe``: fixed memory, activations per sample, and the candidate table."""
+    from autotune import probe
+
+    data = result.probe
+    if result.outcome.value != "complete":
+        out.print(f"probe trial {result.outcome.value}: {result.error}\nlogs: {result.log_dir}", markup=False)
+        return
+    if data is None:
+        out.print("nothing to probe: the script never ran the forward of a torch module", markup=False)
+        return
+    table_rows = probe.rows(data)
+    if as_json_flag:
+        out.print(
+            as_json(
+                {
+                    "outcome": result.outcome.value,
+                    "batch_size": data["batch_size"],
+                    "peak_bytes": result.peak_bytes,
+                    **probe.summary(data),
+                    "candidates": [row.__dict__ for row in table_rows],
+                }
+            ),
+            markup=False,
+        )
+        return
+    fixed = probe.summary(data)
+    state = fixed["optimizer_state_bytes"]
+    out.print(
+        key_values(
+            [
+                (
+                    "fixed",
+                    f"weights {format_bytes(data['weights_bytes'])}, gradients {format_bytes(data['gradients_bytes'])}, "
+                    f"optimizer state {format_bytes(state) if state is not None else 'unknown (no torch.optim)'}",
+                ),
+                (
+                    "activations",
+                    f"{format_bytes(data['activation_bytes'] / data['batch_size'])} per sample kept for backward "
+                    f"({format_bytes(data['activation_bytes'])} at batch {data['batch_size']})",
+                ),
+                ("peak", f"{format_bytes(result.peak_bytes)} ({result.memory_method}, instrumented trial)"),
+            ]
+        ),
+        markup=False,
+    )
+    if not table_rows:
+        out.print("no repeated modules found: only the plan none applies to this model", markup=False)
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in (
+        "level",
+        "plan",
+        "freq",
+        f"saved @{data['batch_size']}",
+        "per sample",
+        "recomputes",
+        "note",
+    ):
+        table.add_column(
+            column,
+            justify="right"
+            if column in ("freq", "per sample", "recomputes") or column.startswith("saved")
+            else "left",
+        )
+    for row in table_rows:
+        table.add_row(
+            row.level,
+            row.plan,
+            str(row.frequency),
+            _signed_bytes(row.saving_bytes),
+            _signed_bytes(row.saving_per_sample),
+            f"{row.forward_share:.0%} of fwd",
+            row.detail,
+        )
+    out.print(table)
+
+
+def _signed_bytes(size: float) -> str:
+    return ("-" if size < 0 else "") + format_bytes(abs(size))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.errors import ScriptError
+from autotune.interrupts import InterruptShield
 from autotune.measurement import TrialResult
 from autotune.memory_model import MemoryModel, Observation
 from autotune.protocol import Outcome
@@ -36,7 +38,10 @@ SKIP_MARGIN = 0.10  # skip only what the model predicts over the limit by more t
 MAX_MISSES = 40  # sampler proposals in a row that were skipped or copies: the space is exhausted
 MAX_FAILURES = 3  # script failures in a row (not OOMs) before giving up
 
-RunConfig = Callable[[int, str, Callable[[int, float], None]], TrialResult]
+# run_config(batch, plan, on_poll, interruptible): one measured trial
+RunConfig = Callable[
+    [int, str, Callable[[int, float], None], Callable[[], AbstractContextManager[None]]], TrialResult
+]
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,14 @@ def records_of(study: optuna.Study) -> list[TrialRecord]:
     return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
 
 
-def model_of(records: list[TrialRecord]) -> MemoryModel:
+def model_of(records: list[TrialRecord], savings: dict[str, float] | None = None) -> MemoryModel:
     return MemoryModel.fit(
         [
             Observation(r.batch_size, r.plan, r.peak_bytes, r.outcome == Outcome.COMPLETE.value)
             for r in records
             if r.measured and r.batch_size is not None and r.plan is not None and r.peak_bytes is not None
-        ]
+        ],
+        savings,
     )
 
 
@@ -71,7 +77,9 @@ def propose(
 ) -> Proposal | None:
     """The next configuration the model wants measured, or None to let the sampler choose."""
     # Anything that ended (a failure too: a broken plan is not proposed again) or is under way.
-    tried = {(r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")}
+    tried = {
+        (r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")
+    }
     first = space.plans[0]
     if not model.calibrated:
         failing = min(
@@ -111,8 +119,10 @@ class Search:
         run_config: RunConfig,
         target: int,
         reporter: Reporter,
+        savings: dict[str, float] | None = None,
     ) -> None:
         self.study = study
+        self.savings = savings or {}
         self.space = space
         self.limit = limit
         self.run_config = run_config
@@ -120,6 +130,7 @@ class Search:
         self.reporter = reporter
         self.worker = worker_id()
         self.trials_run = 0
+        self.shield = InterruptShield()
         self.distributions: dict[str, BaseDistribution] = {
             "batch_size": CategoricalDistribution(space.batch_sizes),
             "plan": CategoricalDistribution(space.plans),
@@ -132,11 +143,12 @@ class Search:
         """
         misses = failures = 0
         while True:
+            self.shield.check()  # a Ctrl-C between trials: nothing is asked yet, nothing to clean up
             records = records_of(self.study)
             queued = any(r.state == "WAITING" for r in records)
             if sum(r.counted for r in records) >= self.target and not queued:
                 return False
-            model = model_of(records)
+            model = model_of(records, self.savings)
             proposal = None if queued else propose(records, model, self.space, self.limit)
             if proposal is not None:
                 self.study.enqueue_trial(
@@ -201,7 +213,7 @@ class Search:
             trial.number, batch, plan, trial.user_attrs.get("proposed_by") or "sampler"
         )
         try:
-            result = self.run_config(batch, plan, self.reporter.trial_progress)
+            result = self.run_config(batch, plan, self.reporter.trial_progress, self.shield.allow)
         except KeyboardInterrupt:
             self.interrupted(
                 trial.number, {"batch_size": batch, "plan": plan}, trial.user_attrs.get("retry_of")
@@ -257,7 +269,7 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
 
 
 def best_record(records: list[TrialRecord], limit: int) -> TrialRecord | None:
-    fitting = [r for r in records if r.kind in ("measured", "discovery", "warm-start") and r.fits(limit)]
+    fitting = [r for r in records if r.kind in ("measured", "warm-start") and r.fits(limit)]
     return max(fitting, key=lambda r: r.samples_per_sec or 0.0, default=None)
 
 

@@ -78,17 +78,23 @@ def parse_plan_list(texts: Sequence[str]) -> tuple[str, ...]:
     return tuple(plans)
 
 
-def default_plans(candidates: Sequence[dict[str, Any]]) -> tuple[str, ...]:
-    """none; every repeated class in full; the outermost classes at 25/50/75%."""
-    plans = ["none"]
-    for candidate in candidates:
-        plans.append(f"{candidate['cls']}:1")
-        if candidate["outermost"] and candidate["count"] >= 4:
-            plans.extend(f"{candidate['cls']}:{ratio:g}" for ratio in RATIOS)
-    return tuple(str(parse_plan(p)) for p in plans)
+def default_plans(
+    candidates: Sequence[dict[str, Any]], operator_plans: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """In the order the search's frontier visits them: none; the outermost classes in full; the probe's
+    operator-level plans; the outermost classes at 25/50/75%; the nested classes in full."""
+    outer = [c for c in candidates if c["outermost"]]
+    plans = ["none", *(f"{c['cls']}:1" for c in outer), *operator_plans]
+    plans += [f"{c['cls']}:{ratio:g}" for c in outer if c["count"] >= 4 for ratio in RATIOS]
+    plans += [f"{c['cls']}:1" for c in candidates if not c["outermost"]]
+    return tuple(dict.fromkeys(str(parse_plan(p)) for p in plans))
 
 
 def build_space(
-    batch_sizes: tuple[int, ...], plans: tuple[str, ...] | None, candidates: Sequence[dict[str, Any]]
+    batch_sizes: tuple[int, ...],
+    plans: tuple[str, ...] | None,
+    candidates: Sequence[dict[str, Any]],
+    operator_plans: Sequence[str] = (),
 ) -> SearchSpace:
-    return SearchSpace(batch_sizes, plans if plans else default_plans(candidates))
+    """The user's plans, or the module-level defaults with the probe's operator-level plans."""
+    return SearchSpace(batch_sizes, plans if plans else default_plans(candidates, operator_plans))

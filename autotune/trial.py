@@ -66,6 +66,8 @@ class _Trial:
         self.step_samples: list[int] = []
         self.plan_applied: str | None = None
         self.candidates: list[dict[str, Any]] | None = None
+        self.probe: Any = None  # autotune.backends.torch_probe.Probe, in a probe trial
+        self.optimizer: Any = None
         self.explicit_steps = False
         self.counted_optimizer: int | None = None
         self.finished = False
@@ -99,7 +101,14 @@ class _Trial:
             error=error,
             plan_applied=self.plan_applied,
             candidates=self.candidates,
+            probe=self._probe_result(),
         ).write(self.request.report_path)
+
+    def _probe_result(self) -> dict[str, Any] | None:
+        if self.probe is None:
+            return None
+        self.probe.optimizer = self.optimizer
+        return dict(self.probe.result())
 
     def conclude(self, error: BaseException | None) -> int:
         """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code."""
@@ -164,6 +173,14 @@ def prepare(model: M) -> M:
         return model  # outside a trial with no plan: not even torch is imported
     from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
 
+    if trial is not None and trial.request.probe:
+        from autotune.backends.torch_probe import Probe
+
+        if trial.probe is None:
+            trial.probe = Probe(model, trial.request.batch_size)  # type: ignore[arg-type]
+            trial.plan_applied = "none"
+            trial.candidates = trial.probe.result()["candidates"]
+        return model
     if trial is not None:
         trial.candidates = [
             {"cls": c.cls, "count": c.count, "outermost": c.outermost}
@@ -212,6 +229,7 @@ def _install_torch_hooks(torch: Any) -> None:
             return
         if trial.counted_optimizer is None:
             trial.counted_optimizer = id(optimizer)
+            trial.optimizer = optimizer
         if id(optimizer) == trial.counted_optimizer:
             trial.step(None)
 

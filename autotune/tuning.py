@@ -1,11 +1,11 @@
 """``autotune.tune(spec)``: the product's main job, from a script and a budget to a verified, stored plan.
 
-1. Fingerprint the workload; its first trial (plan ``none``, smallest batch) discovers the model's repeated
-   module classes, which define the default plan space.
+1. Fingerprint the workload; its first trial is the probe (plan ``none``, smallest batch, instrumented): the
+   model's repeated module classes and operator kinds define the default plan space, and the savings it
+   predicts seed the memory model.
 2. The study key (workload, budget, headroom, space, trial lengths) names the study. A study with a stored
    winner answers at once with zero trials (``force`` re-tunes from scratch).
-3. A new study starts from what is known: the discovery trial and the trials measured for other budgets
-   of the same workload. A study interrupted earlier resumes: its dead trials are failed and retried once.
+3. A new study starts from what is known: the trials measured for other budgets of the same workload. A study interrupted earlier resumes: its dead trials are failed and retried once.
 4. :class:`~autotune.search.Search` runs until the study holds ``trials`` counted trials.
 5. The fastest fitting configuration is re-run longer and must stay under budget minus headroom before it
    is stored as the best plan; if it does not, the next one is verified.
@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
+from autotune import probe
 from autotune.budget import Budget, format_bytes
 from autotune.command import TrialCommand
 from autotune.devices import Device, resolve_device
@@ -112,8 +114,12 @@ def tune(
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
     )
     run = partial(_run_config, spec, device, make_meter(device, nvml), root, env)
-    candidates, discovered = _discover(store, workload, spec, run, reporter)
-    space = build_space(spec.batch_sizes, spec.plans, candidates)
+    discovery, discovered = _discover(store, workload, spec, run, reporter)
+    probe_data = discovery.get("probe")
+    candidates = probe_data["candidates"] if probe_data else []
+    space = build_space(
+        spec.batch_sizes, spec.plans, candidates, probe.operator_plans(probe_data) if probe_data else ()
+    )
     key = study_key(
         workload,
         budget,
@@ -146,14 +152,23 @@ def tune(
         workload,
         limit,
     )
-    search = Search(study, space, limit, lambda b, p, poll: run(b, p, poll=poll), spec.trials, reporter)
+    search = Search(
+        study,
+        space,
+        limit,
+        lambda b, p, poll, allow: run(b, p, poll=poll, interruptible=allow),
+        spec.trials,
+        reporter,
+        _savings(probe_data, space),
+    )
     if recovered := search.recover_interrupted():
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
-    exhausted = search.run()
-    best = _verify(search, partial(run, settings=spec.verify_settings), reporter)
-    store.save_best(best)
+    with search.shield:
+        exhausted = search.run()
+        best = _verify(search, partial(run, settings=spec.verify_settings), reporter)
+        store.save_best(best)
     records = tuple(records_of(study))
     return TuneResult(
         name,
@@ -179,6 +194,8 @@ def _run_config(
     plan: str,
     poll: Any = None,
     settings: TrialSettings | None = None,
+    probe: bool = False,
+    interruptible: Any = None,
 ) -> TrialResult:
     return run_trial(
         spec.command,
@@ -191,42 +208,40 @@ def _run_config(
         env,
         spec.backend,
         on_poll=poll,
+        probe=probe,
+        interruptible=interruptible,
     )
 
 
 def _discover(
     store: Store, workload: Workload, spec: TuneSpec, run: Any, reporter: Reporter
-) -> tuple[list[dict[str, Any]], int]:
-    """The model's repeated module classes, from the workload's first trial (run once per fingerprint,
-    again with ``force``), and how many trials that took (0 or 1)."""
+) -> tuple[dict[str, Any], int]:
+    """The workload's probe (its repeated module classes and what recomputing them saves), measured by
+    its first trial — once per fingerprint, again with ``force`` — and how many trials that took (0 or 1).
+
+    The probe's trial is instrumented, so its peak and speed are not stored as a measurement."""
     row = store.workload(workload.fingerprint)
     if row and row["discovery"] is not None and not spec.force:
-        return list(row["candidates"] or []), 0
+        return dict(row["discovery"]), 0
     batch = spec.batch_sizes[0]
-    reporter.trial_started(-1, batch, "none", "discovery")
-    result: TrialResult = run(batch, "none", poll=reporter.trial_progress)
+    reporter.trial_started(-1, batch, "none", "probe")
+    result: TrialResult = run(batch, "none", poll=reporter.trial_progress, probe=True)
     if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT):
         raise ScriptError(
             f"the script's first trial {result.outcome.value} (logs: {result.log_dir}):\n{result.error}"
         )
-    discovery = {k: v for k, v in result.to_dict().items() if k in _DISCOVERY_FIELDS}
+    discovery = {"probe": result.probe, "outcome": result.outcome.value, "log_dir": result.log_dir}
     store.set_discovery(workload.fingerprint, result.candidates or [], discovery)
-    reporter.note(
-        f"discovery: batch {batch}, plan none: {result.outcome.value}, peak {format_bytes(result.peak_bytes)}; "
-        f"repeated modules: {', '.join(c['cls'] for c in result.candidates or []) or 'none found'}"
-    )
-    return list(result.candidates or []), 1
+    classes = ", ".join(c["cls"] for c in result.candidates or []) or "none found"
+    reporter.note(f"probe: batch {batch}: {result.outcome.value}; repeated modules: {classes}")
+    return discovery, 1
 
 
-_DISCOVERY_FIELDS = (
-    "outcome",
-    "batch_size",
-    "plan",
-    "peak_bytes",
-    "samples_per_sec",
-    "log_dir",
-    "memory_method",
-)
+def _savings(probe_data: dict[str, Any] | None, space: SearchSpace) -> dict[str, float]:
+    """The probe's predicted saving per sample of every plan in the space (none without a probe)."""
+    if not probe_data:
+        return {}
+    return {plan: probe.saving_per_sample(probe_data, plan) for plan in space.plans if plan != "none"}
 
 
 def _open_study(
@@ -255,10 +270,9 @@ def _open_study(
 
 
 def _warm_start(study: optuna.Study, store: Store, row: StudyRow, workload: Workload, limit: int) -> None:
-    """Seed a new study with this workload's discovery trial and its trials measured for other budgets."""
+    """Seed a new study with this workload's trials measured for other budgets."""
     space = SearchSpace(tuple(row.space["batch_sizes"]), tuple(row.space["plans"]))
-    discovery = (store.workload(workload.fingerprint) or {}).get("discovery")
-    known: list[tuple[str, dict[str, Any]]] = [("discovery", discovery)] if discovery else []
+    known: list[tuple[str, dict[str, Any]]] = []
     for other in store.studies(workload.fingerprint):
         if other.study_name != row.study_name:
             for r in records_of(optuna.load_study(study_name=other.study_name, storage=store.optuna)):
@@ -311,7 +325,18 @@ def _verify(search: Search, run_long: Any, reporter: Reporter) -> BestRow:
         reporter.trial_started(
             trial.number, candidate.batch_size, candidate.plan, f"verifying trial {candidate.number}"
         )
-        result = run_long(candidate.batch_size, candidate.plan, poll=reporter.trial_progress)
+        try:
+            result = run_long(
+                candidate.batch_size,
+                candidate.plan,
+                poll=reporter.trial_progress,
+                interruptible=search.shield.allow,
+            )
+        except KeyboardInterrupt:
+            study.tell(
+                trial, state=TrialState.FAIL
+            )  # a verification is not retried: the next run verifies again
+            raise
         tell_result(study, trial, result, limit)
         reporter.trial_finished(records_of(study)[trial.number], candidate)
         if result.outcome is Outcome.COMPLETE and result.peak_bytes <= limit and result.samples_per_sec:

@@ -45,6 +45,15 @@ def test_default_plans_from_the_candidates() -> None:
         {"cls": "MLP", "count": 12, "outermost": False},
     ]
     assert default_plans(candidates) == ("none", "Block:1", "Block:0.25", "Block:0.5", "Block:0.75", "MLP:1")
+    assert default_plans(candidates, ["Block:1/save=matmul"]) == (
+        "none",
+        "Block:1",
+        "Block:1/save=matmul",
+        "Block:0.25",
+        "Block:0.5",
+        "Block:0.75",
+        "MLP:1",
+    )
     assert default_plans([]) == ("none",)
 
 

@@ -3,22 +3,25 @@
 Candidates are the module classes that repeat in a model (transformer blocks, attention, MLPs): composite
 modules (with children) that occur at least twice, the root and pure containers excluded. A plan
 checkpoints the first ``round(ratio * count)`` instances of the classes it names with non-reentrant
-``torch.utils.checkpoint``; an instance nested inside one already checkpointed is left alone (recomputing
+``torch.utils.checkpoint`` — selectively, with an operator policy, through
+``create_selective_checkpoint_contexts``; an instance nested inside one already checkpointed is left alone (recomputing
 it twice would save nothing more).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from autotune.backends.ops import may_save, op_kind
 from autotune.errors import InputError
-from autotune.plans import ModuleRule, Plan
+from autotune.plans import ModuleRule, OpPolicy, Plan
 
 _MARK = "_autotune_plan"  # set on a model once a plan has been applied to it
 
@@ -74,15 +77,15 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
             f"plan {plan} names {', '.join(unknown)}, not a repeated module class; candidates: {known}"
         )
     chosen = {
-        name
+        name: rule
         for rule in rules
         for name in candidates[rule.cls].names[: rule.count(candidates[rule.cls].count)]
     }
     modules = dict(model.named_modules())
-    for name in chosen:
-        if not _has_ancestor(name, chosen):
+    for name, rule in chosen.items():
+        if not _has_ancestor(name, set(chosen)):
             module = modules[name]
-            module.forward = _Checkpointed(module)
+            module.forward = _Checkpointed(module, rule.ops)
     applied = Plan(rules=tuple(sorted(rules)))
     setattr(model, _MARK, applied)
     return applied
@@ -95,14 +98,26 @@ class _Checkpointed:
     re-points the copy's forward at the copied module instead of the original.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, ops: OpPolicy | None = None) -> None:
         self.module = module
+        self.ops = ops
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         forward: Callable[..., Any] = type(self.module).forward.__get__(self.module)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if self.ops is None:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        context = functools.partial(
+            create_selective_checkpoint_contexts, functools.partial(_policy, self.ops)
+        )
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+
+def _policy(ops: OpPolicy, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    if may_save(op) and ops.saves(op_kind(op)):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _has_ancestor(name: str, names: set[str]) -> bool:

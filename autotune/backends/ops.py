@@ -1,0 +1,136 @@
+"""Operator kinds: the aten ops a recompute policy and the probe talk about, grouped as a user thinks of them.
+
+Views (``view``, ``transpose``, ...) allocate nothing and are kind ``view``; ops not listed are ``other``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_KINDS = {
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "_addmm_activation"),
+    "attention": (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "scaled_dot_product_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ),
+    "softmax": ("_softmax", "softmax", "_log_softmax", "log_softmax"),
+    "dropout": ("native_dropout", "bernoulli", "bernoulli_", "dropout"),
+    "activation": (
+        "gelu",
+        "relu",
+        "silu",
+        "tanh",
+        "sigmoid",
+        "leaky_relu",
+        "elu",
+        "hardtanh",
+        "mish",
+        "threshold",
+        "hardswish",
+        "hardsigmoid",
+        "softplus",
+        "glu",
+    ),
+    "norm": (
+        "native_layer_norm",
+        "native_group_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "rms_norm",
+        "_fused_rms_norm",
+        "layer_norm",
+    ),
+    "elementwise": (
+        "add",
+        "add_",
+        "sub",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "masked_fill",
+        "masked_fill_",
+        "where",
+        "exp",
+        "neg",
+        "pow",
+        "rsqrt",
+        "sqrt",
+        "clamp",
+        "abs",
+        "sin",
+        "cos",
+        "square",
+        "reciprocal",
+        "log",
+        "maximum",
+        "minimum",
+        "addcmul",
+        "lerp",
+        "_to_copy",
+        "clone",
+    ),
+    "factory": (
+        "empty",
+        "empty_like",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "full",
+        "full_like",
+        "arange",
+        "empty_strided",
+        "new_empty",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+    ),
+    "view": (
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "transpose",
+        "t",
+        "expand",
+        "permute",
+        "unsqueeze",
+        "squeeze",
+        "select",
+        "slice",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "alias",
+        "as_strided",
+        "detach",
+        "unflatten",
+        "flatten",
+        "narrow",
+        "contiguous",
+    ),
+}
+_BY_NAME = {name: kind for kind, names in _KINDS.items() for name in names}
+
+
+def op_name(op: Any) -> str:
+    return str(op._schema.name.split("::", 1)[-1]) if hasattr(op, "_schema") else str(op)
+
+
+def op_kind(op: Any) -> str:
+    """The kind of an aten OpOverload (``torch.ops.aten.gelu.default`` -> ``activation``)."""
+    return _BY_NAME.get(op_name(op), "other")
+
+
+def may_save(op: Any) -> bool:
+    """Whether selective checkpointing may cache this op's output: never an in-place op, an allocation
+    (dropout fills an ``empty_like`` in place) or a view — torch refuses a cached tensor that is mutated."""
+    name = op_name(op)
+    return not name.endswith("_") and _BY_NAME.get(name) not in ("factory", "view")

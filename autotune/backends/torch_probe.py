@@ -1,0 +1,189 @@
+"""The probe's instruments, inside the trial: what autograd keeps for backward, and where it comes from.
+
+Forward #2 of the prepared model (after one optimizer step, when lazy state exists) runs under
+- ``saved_tensors_hooks``: every tensor autograd saves for backward, by storage (counted once), attributed to
+  every candidate instance executing when it is saved (parameters excluded: they are kept anyway);
+- a ``TorchDispatchMode`` recorder: which op produced each storage (so saved bytes split by op kind), the
+  output bytes of every op inside each instance (what an operator policy would cache), and op times.
+Forward #3 runs with module hooks only, to time each instance without the recorder's overhead.
+
+The result is plain data (see ``autotune.probe``, which predicts plan savings from it in the tuner).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.backends.ops import may_save, op_kind, op_name
+from autotune.backends.torch_modules import Candidate, find_candidates
+
+RECORDED_FORWARD = 2
+TIMED_FORWARD = 3
+
+
+class Probe:
+    def __init__(self, model: nn.Module, batch_size: int) -> None:
+        self.model = model
+        self.batch_size = batch_size
+        self.candidates: list[Candidate] = find_candidates(model)
+        self.names = {name for c in self.candidates for name in c.names}
+        self.classes = {name: c.cls for c in self.candidates for name in c.names}
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.stack: list[str] = []
+        self.forwards = 0
+        self.recording = False
+        self.timing = False
+        self.exits = ExitStack()
+        self.producer: dict[int, str] = {}  # storage -> kind of the op that produced it
+        self.saved: dict[int, tuple[int, str, tuple[str, ...]]] = {}  # storage -> (bytes, kind, instances)
+        self.outputs: dict[str, Counter[str]] = {n: Counter() for n in self.names}
+        self.inputs: Counter[str] = Counter()
+        self.seconds: dict[str, float] = {}
+        self.op_seconds: dict[str, float] = {}
+        self.started: dict[str, float] = {}
+        self.forward_seconds = 0.0
+        self.optimizer: Any = None
+        self.done = False
+        self._attach()
+
+    def _attach(self) -> None:
+        self.model.register_forward_pre_hook(self._root_pre)
+        self.model.register_forward_hook(self._root_post)
+        modules = dict(self.model.named_modules())
+        for name in self.names:
+            modules[name].register_forward_pre_hook(lambda m, args, n=name: self._enter(n, args))
+            modules[name].register_forward_hook(lambda m, args, out, n=name: self._leave(n))
+
+    def _root_pre(self, module: nn.Module, args: Any) -> None:
+        self.forwards += 1
+        self.recording = self.forwards == RECORDED_FORWARD and torch.is_grad_enabled()
+        self.timing = self.forwards == TIMED_FORWARD
+        if self.recording:
+            self.exits.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
+            self.exits.enter_context(_Recorder(self))
+        self.started[""] = _now()
+
+    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.timing:
+            self.forward_seconds = _now() - self.started[""]
+            self.done = True
+        if self.recording:
+            self.exits.close()
+            self.recording = False
+
+    def _enter(self, name: str, args: Any) -> None:
+        self.stack.append(name)
+        if self.recording:
+            self.inputs[name] += sum(_bytes(t) for t in _tensors(args))
+        if self.timing:
+            self.started[name] = _now()
+
+    def _leave(self, name: str) -> None:
+        self.stack.pop()
+        if self.timing:
+            self.seconds[name] = self.seconds.get(name, 0.0) + _now() - self.started[name]
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr not in self.params and ptr not in self.saved:
+            self.saved[ptr] = (_bytes(tensor), self.producer.get(ptr, "input"), tuple(self.stack))
+        return tensor
+
+    def on_op(self, op: Any, output: Any, seconds: float) -> None:
+        kind = op_kind(op)
+        self.op_seconds[kind] = self.op_seconds.get(kind, 0.0) + seconds
+        in_place = op_name(op).endswith("_")
+        fresh = kind != "view" and not in_place  # a new allocation (its address may be a freed tensor's)
+        for tensor in _tensors(output):
+            ptr = tensor.untyped_storage().data_ptr()
+            # The first op to write real values owns a storage: dropout's bernoulli_ fills an empty_like (the
+            # mask is dropout's), and the div_ that scales it afterwards does not take it over.
+            if fresh or ptr not in self.producer or (in_place and self.producer[ptr] == "factory"):
+                self.producer[ptr] = kind
+            if fresh and may_save(op):
+                for name in self.stack:
+                    self.outputs[name][kind] += _bytes(tensor)
+
+    def result(self) -> dict[str, Any]:
+        """The probe's measurements as JSON-ready data."""
+        saved_by: dict[str, Counter[str]] = {n: Counter() for n in self.names}
+        saved_in: Counter[str] = Counter()
+        for size, kind, stack in self.saved.values():
+            for name in stack:
+                saved_by[name][kind] += size
+                saved_in[name] += size
+        params = list(self.model.parameters())
+        return {
+            "batch_size": self.batch_size,
+            "weights_bytes": sum(_bytes(p) for p in params),
+            "gradients_bytes": sum(_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer_state_bytes": _optimizer_state_bytes(self.optimizer),
+            "activation_bytes": sum(size for size, _, _ in self.saved.values()),
+            "forward_seconds": self.forward_seconds,
+            "op_seconds": dict(self.op_seconds),
+            "candidates": [
+                {"cls": c.cls, "count": c.count, "outermost": c.outermost} for c in self.candidates
+            ],
+            "instances": [
+                {
+                    "name": n,
+                    "cls": self.classes[n],
+                    "saved_bytes": saved_in[n],
+                    "input_bytes": self.inputs[n],
+                    "forward_seconds": self.seconds.get(n, 0.0),
+                    "saved_by_kind": dict(saved_by[n]),
+                    "output_bytes": dict(self.outputs[n]),
+                }
+                for c in self.candidates
+                for n in c.names
+            ],
+        }
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, probe: Probe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        start = _now()
+        output = func(*args, **(kwargs or {}))
+        self.probe.on_op(func, output, _now() - start)
+        return output
+
+
+def _now() -> float:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return int(tensor.untyped_storage().nbytes())
+
+
+def _optimizer_state_bytes(optimizer: Any) -> int | None:
+    if optimizer is None:
+        return None
+    return sum(
+        _bytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    )
