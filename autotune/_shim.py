@@ -135,6 +135,9 @@ def main() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGUSR1, _on_stop)
+    signal.pthread_sigmask(
+        signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1}
+    )  # blocked by the tuner until now
     if os.getppid() != tuner_pid:  # the tuner died before PDEATHSIG was armed
         return
     pid = start_trial(argv, os.getpid())

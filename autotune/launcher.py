@@ -16,8 +16,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,11 @@ def run_process(
         "--",
     ]
     started = time.monotonic()
-    with open(launch.workdir / "stdout.log", "ab") as out, open(launch.workdir / "stderr.log", "ab") as err:
+    with (
+        open(launch.workdir / "stdout.log", "ab") as out,
+        open(launch.workdir / "stderr.log", "ab") as err,
+        _stop_signals_blocked(),
+    ):
         try:
             shim = subprocess.Popen(
                 [*shim_argv, *launch.argv],
@@ -117,6 +121,18 @@ def run_process(
         ),
         reading,
     )
+
+
+@contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Start the shim with SIGUSR1 and SIGTERM blocked (the signal mask survives exec): a stop that arrives
+    before the shim has installed its handlers stays pending instead of killing it, result unwritten. The
+    shim unblocks them once its handlers are in place."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _wait(

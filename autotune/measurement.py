@@ -16,6 +16,7 @@ from autotune.devices import Device, resolve_device
 from autotune.errors import InputError
 from autotune.launcher import Launch, ProcessExit, run_process, tail
 from autotune.meters import MemoryMeter, MemoryReading, make_meter
+from autotune.nvml import load_nvml
 from autotune.paths import cache_dir, new_trial_dir
 from autotune.plans import Plan
 from autotune.protocol import BATCH_SIZE_ENV, PLAN_ENV, REQUEST_ENV, Outcome, TrialReport, TrialRequest
@@ -107,7 +108,7 @@ def measure(
         InputError, DeviceError: bad spec or device. TrialError: the trial could not be started.
     """
     env = dict(os.environ if environ is None else environ)
-    device = resolve_device(spec.device, env, (lambda: nvml) if nvml is not None else _default_nvml)
+    device = resolve_device(spec.device, env, (lambda: nvml) if nvml is not None else load_nvml)
     return run_trial(
         spec.command,
         spec.batch_size,
@@ -234,9 +235,3 @@ def _result(
         candidates=report.candidates if report else None,
         probe=report.probe if report else None,
     )
-
-
-def _default_nvml() -> Any:
-    from autotune.nvml import load_nvml
-
-    return load_nvml()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 MiB = 2**20
 COUNTED = ("measured",)
@@ -81,7 +81,3 @@ def constraint_mib(peak_bytes: int, limit: int, complete: bool) -> float:
     """Optuna's constraint (<= 0 is feasible): MiB over the limit; an OOM is infeasible by at least 1 MiB."""
     over = (peak_bytes - limit) / MiB
     return over if complete else max(over, 1.0)
-
-
-def live_states() -> tuple[TrialState, ...]:
-    return (TrialState.RUNNING, TrialState.WAITING)

@@ -32,6 +32,7 @@ from autotune.errors import InputError, NoFitError, ScriptError, StorageError
 from autotune.fingerprint import Workload, check_study_name, default_study_name, study_key, workload_of
 from autotune.measurement import TrialResult, TrialSettings, run_trial
 from autotune.meters import MemoryMeter, make_meter
+from autotune.nvml import load_nvml
 from autotune.paths import cache_dir, default_storage_url
 from autotune.plans import parse_plan
 from autotune.protocol import Outcome
@@ -90,6 +91,38 @@ class TuneResult:
     exhausted: bool  # the search stopped early: nothing new was left to try
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A tuning job resolved against this machine and database, before any search."""
+
+    device: Device
+    budget: int
+    limit: int
+    store: Store
+    workload: Workload
+    space: SearchSpace
+    study_row: StudyRow
+    savings: dict[str, float]
+    run: Any  # _run_config bound to the job: run(batch, plan, poll=, settings=, probe=, interruptible=)
+    probes_run: int  # trials the probe took in this process (0 or 1)
+
+    def result(
+        self, best: BestRow, study: optuna.Study, new_trials: int, exhausted: bool, cached: bool = False
+    ) -> TuneResult:
+        return TuneResult(
+            study_name=self.study_row.study_name,
+            storage=self.store.display_url,
+            device_name=self.device.name,
+            budget_bytes=self.budget,
+            limit_bytes=self.limit,
+            best=best,
+            records=tuple(records_of(study)),
+            cached=cached,
+            new_trials=new_trials,
+            exhausted=exhausted,
+        )
+
+
 def tune(
     spec: TuneSpec,
     environ: Mapping[str, str] | None = None,
@@ -102,64 +135,25 @@ def tune(
         InputError, DeviceError: bad spec or device. StorageError: the database.
         ScriptError: the script failed in its trials. NoFitError: nothing fits (every trial is kept).
     """
-    env = dict(os.environ if environ is None else environ)
     reporter = reporter or SilentReporter()
-    device = resolve_device(spec.device, env, (lambda: nvml) if nvml is not None else _load_nvml)
-    budget = spec.budget.resolve(device.total_bytes)
-    limit = int(budget * (1 - spec.headroom))
-    root = cache_dir(spec.cache_dir)
-    store = open_store(spec.storage or default_storage_url(root))
-    workload = workload_of(spec.command, device, spec.backend)
-    store.add_workload(
-        workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
-    )
-    run = partial(_run_config, spec, device, make_meter(device, nvml), root, env)
-    discovery, discovered = _discover(store, workload, spec, run, reporter)
-    probe_data = discovery.get("probe")
-    candidates = probe_data["candidates"] if probe_data else []
-    space = build_space(
-        spec.batch_sizes, spec.plans, candidates, probe.operator_plans(probe_data) if probe_data else ()
-    )
-    key = study_key(
-        workload,
-        budget,
-        spec.headroom,
-        space.as_dict(),
-        (spec.settings.warmup_steps, spec.settings.measured_steps),
-    )
-    name = spec.study or default_study_name(workload, key)
+    job = _resolve(spec, dict(os.environ if environ is None else environ), reporter, nvml)
+    name = job.study_row.study_name
     if spec.force:
-        store.forget_study(name)
-    elif (cached := store.best(name)) is not None:
-        reporter.note(f"answered from {store.display_url} (study {name}): zero trials; --force re-tunes")
-        study = optuna.load_study(study_name=name, storage=store.optuna)
-        return TuneResult(
-            name,
-            store.display_url,
-            device.name,
-            budget,
-            limit,
-            cached,
-            tuple(records_of(study)),
-            cached=True,
-            new_trials=0,
-            exhausted=False,
-        )
-    study = _open_study(
-        store,
-        StudyRow(name, workload.fingerprint, key, budget, spec.headroom, space.as_dict()),
-        spec.seed,
-        workload,
-        limit,
-    )
+        job.store.forget_study(name)
+    elif (cached := job.store.best(name)) is not None:
+        reporter.note(f"answered from {job.store.display_url} (study {name}): zero trials; --force re-tunes")
+        study = optuna.load_study(study_name=name, storage=job.store.optuna)
+        return job.result(cached, study, new_trials=0, exhausted=False, cached=True)
+    study = _open_study(job.store, job.study_row, spec.seed, job.workload, job.limit)
+    run = job.run
     search = Search(
         study,
-        space,
-        limit,
+        job.space,
+        job.limit,
         lambda b, p, poll, allow: run(b, p, poll=poll, interruptible=allow),
         spec.trials,
         reporter,
-        _savings(probe_data, space),
+        job.savings,
     )
     if recovered := search.recover_interrupted():
         reporter.note(
@@ -168,19 +162,41 @@ def tune(
     with search.shield:
         exhausted = search.run()
         best = _verify(search, partial(run, settings=spec.verify_settings), reporter)
-        store.save_best(best)
-    records = tuple(records_of(study))
-    return TuneResult(
-        name,
-        store.display_url,
-        device.name,
+        job.store.save_best(best)
+    return job.result(best, study, search.trials_run + job.probes_run, exhausted)
+
+
+def _resolve(spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any) -> _Job:
+    """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``."""
+    device = resolve_device(spec.device, env, (lambda: nvml) if nvml is not None else load_nvml)
+    budget = spec.budget.resolve(device.total_bytes)
+    store = open_store(spec.storage or default_storage_url(cache_dir(spec.cache_dir)))
+    workload = workload_of(spec.command, device, spec.backend)
+    store.add_workload(
+        workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
+    )
+    run = partial(_run_config, spec, device, make_meter(device, nvml), cache_dir(spec.cache_dir), env)
+    discovery, probes_run = _discover(store, workload, spec, run, reporter)
+    probe_data = discovery.get("probe")
+    space = build_space(
+        spec.batch_sizes,
+        spec.plans,
+        probe_data["candidates"] if probe_data else [],
+        probe.operator_plans(probe_data) if probe_data else (),
+    )
+    steps = (spec.settings.warmup_steps, spec.settings.measured_steps)
+    key = study_key(workload, budget, spec.headroom, space.as_dict(), steps)
+    row = StudyRow(
+        spec.study or default_study_name(workload, key),
+        workload.fingerprint,
+        key,
         budget,
-        limit,
-        best,
-        records,
-        cached=False,
-        new_trials=search.trials_run + discovered,
-        exhausted=exhausted,
+        spec.headroom,
+        space.as_dict(),
+    )
+    limit = int(budget * (1 - spec.headroom))
+    return _Job(
+        device, budget, limit, store, workload, space, row, _savings(probe_data, space), run, probes_run
     )
 
 
@@ -367,9 +383,3 @@ def _no_fit_message(records: list[TrialRecord], limit: int) -> str:
         f"{format_bytes(smallest.peak_bytes or 0)} (batch {smallest.batch_size}, plan {smallest.plan}, trial "
         f"{smallest.number}); every trial is kept"
     )
-
-
-def _load_nvml() -> Any:
-    from autotune.nvml import load_nvml
-
-    return load_nvml()

@@ -209,3 +209,11 @@ def test_a_missing_script_is_an_input_error(bad: str) -> None:
 
     with pytest.raises(InputError, match=r"script not found: missing\.py"):
         TrialCommand.parse([bad])
+
+
+def test_a_stop_during_the_launchers_start_is_not_lost(synthetic) -> None:
+    # A start-up timeout this short stops the trial while its launcher is still starting: the stop request
+    # must wait for the launcher's handlers (it used to kill the launcher before it wrote its result).
+    for _ in range(5):
+        result = synthetic(1, startup_timeout=1e-6, grace=0.5)
+        assert result.outcome is Outcome.TIMEOUT
