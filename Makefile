@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint clean postgres-server
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,16 @@ demo: $(STAMP)
 	$(BIN)/autotune run --budget 1GiB --trials 10 examples/gpt.py
 	$(BIN)/autotune best --budget 1GiB --json examples/gpt.py
 
+# The storage tests start their own PostgreSQL server on loopback; they need its binaries (Debian's
+# postgresql package), installed here when missing and we are root (as on CI), else they are skipped.
+postgres-server:
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	else echo "no PostgreSQL server binaries: the PostgreSQL tests will be skipped (apt-get install postgresql)"; fi
+
 # pytest exits 5 when it collects no test (a `-k` that matches nothing, say): say so rather than fail.
-test: $(STAMP)
+test: $(STAMP) postgres-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 

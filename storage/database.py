@@ -43,13 +43,18 @@ NETWORK_FILESYSTEMS = {
 }
 
 
+SCHEMA_LOCK_KEY = 0x6175746F74756E65  # "autotune": the PostgreSQL advisory lock held while tables are created
+
+
 def parse_url(url: str) -> URL:
+    """Parse a SQLAlchemy URL; plain ``postgresql://`` means the psycopg 3 driver (autotune's ``postgres`` extra)."""
     try:
-        return make_url(url)
+        parsed = make_url(url)
     except (sa.exc.ArgumentError, ValueError) as e:
         raise StorageError(
             f"invalid storage URL {redact(url)!r}: expected e.g. sqlite:///path/autotune.db or postgresql://user@host/db"
         ) from e
+    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
 
 
 def redact(url: str | URL) -> str:
@@ -80,7 +85,12 @@ def engine_kwargs(url: URL) -> dict[str, object]:
 
 @contextlib.contextmanager
 def creation_lock(url: URL) -> Iterator[None]:
-    """Held while tables are created or migrated; a no-op for databases with their own DDL locking."""
+    """Held while tables are created or migrated: an flock beside a SQLite file, an advisory lock on
+    PostgreSQL (racing first starts would otherwise collide creating the same tables)."""
+    if url.get_backend_name() == "postgresql":
+        with _advisory_lock(url):
+            yield
+        return
     path = sqlite_path(url)
     if path is None:
         yield
@@ -92,6 +102,22 @@ def creation_lock(url: URL) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: URL) -> Iterator[None]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY - 2**63})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY - 2**63})
+                conn.commit()
+    finally:
+        engine.dispose()
 
 
 def prepare_sqlite(path: Path) -> None:

@@ -163,7 +163,8 @@ def open_store(url: str) -> Store:
             if path is not None:
                 database.prepare_sqlite(path)
             storage = optuna.storages.RDBStorage(
-                database.escape_for_optuna(url), engine_kwargs=database.engine_kwargs(parsed)
+                database.escape_for_optuna(parsed.render_as_string(hide_password=False)),
+                engine_kwargs=database.engine_kwargs(parsed),
             )
             migrate(storage.engine, path)
     except sa.exc.SQLAlchemyError as e:

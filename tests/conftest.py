@@ -60,3 +60,91 @@ def alive(pid: int) -> bool:
 
 def python() -> str:
     return sys.executable
+
+
+# A real PostgreSQL server for the storage tests, started here on loopback (Debian's postgresql package:
+# .ci/run installs it where missing). Its password holds the characters that break naive URL handling.
+PG_PASSWORD = "p{w}@d%:x"
+
+
+def _pg_binary(name: str) -> str | None:
+    import glob
+    import shutil
+
+    return shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """(host, port, user, password) of a PostgreSQL server running for this test session."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    initdb, pg_ctl = _pg_binary("initdb"), _pg_binary("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's initdb is missing: .ci/run installs Debian's postgresql package")
+        pytest.skip("no PostgreSQL server binaries (apt-get install postgresql)")
+    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    root.chmod(0o755)  # the server runs as the postgres user when the tests run as root
+    (root / "pw").write_text(PG_PASSWORD)
+    as_server = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        shutil.chown(root / "pw", "postgres")
+        as_server = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(
+        [
+            *as_server,
+            initdb,
+            "-D",
+            str(root / "data"),
+            "-U",
+            "autotune",
+            "--pwfile",
+            str(root / "pw"),
+            "--auth",
+            "scram-sha-256",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    subprocess.run(
+        [*as_server, pg_ctl, "-D", str(root / "data"), "-l", str(root / "log"), "-o", options, "-w", "start"],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield ("127.0.0.1", port, "autotune", PG_PASSWORD)
+    finally:
+        subprocess.run(
+            [*as_server, pg_ctl, "-D", str(root / "data"), "-m", "immediate", "stop"], capture_output=True
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the session's server, as a URL with the password percent-encoded."""
+    import uuid
+    from urllib.parse import quote
+
+    import psycopg
+
+    host, port, user, password = postgres_server
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(
+        host=host, port=port, user=user, password=password, dbname="postgres", autocommit=True
+    ) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return f"postgresql://{user}:{quote(password, safe='')}@{host}:{port}/{name}"

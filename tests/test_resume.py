@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from conftest import SYNTHETIC, alive
@@ -29,16 +30,32 @@ SLOW = [
 ]
 
 
-def tuner(cache: Path, study: str, trials: int) -> subprocess.Popen[str]:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def storage(request, tmp_path) -> str:
+    """The same test on each storage: SQLite in the cache dir, and a real PostgreSQL server."""
+    if request.param == "postgres":
+        return request.getfixturevalue("postgres_url")
+    return f"sqlite:///{tmp_path / 'autotune.db'}"
+
+
+def tuner(cache: Path, study: str, trials: int, storage: str | None = None) -> subprocess.Popen[str]:
     options = f"--budget 300MiB --trials {trials} --study {study} --plans none;A --batch-sizes 1-64 --steps 2"
     options += f" --warmup-steps 1 --device cpu --cache-dir {cache}"
-    argv = [AUTOTUNE, "run", *options.split(), str(SYNTHETIC), *SLOW]
+    argv = [
+        AUTOTUNE,
+        "run",
+        *options.split(),
+        *(["--storage", storage] if storage else []),
+        str(SYNTHETIC),
+        *SLOW,
+    ]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def trials_of(cache: Path, study: str) -> list[optuna.trial.FrozenTrial]:
+def trials_of(cache: Path, study: str, storage: str | None = None) -> list[optuna.trial.FrozenTrial]:
+    url = (storage or f"sqlite:///{cache / 'autotune.db'}").replace("postgresql://", "postgresql+psycopg://")
     try:
-        return optuna.load_study(study_name=study, storage=f"sqlite:///{cache / 'autotune.db'}").get_trials()
+        return optuna.load_study(study_name=study, storage=url).get_trials()
     except KeyError:
         return []
 
@@ -83,16 +100,19 @@ def test_eight_processes_racing_to_create_a_fresh_database(tmp_path) -> None:
         assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)  # optuna's own
 
 
-def test_kill_9_mid_trial_then_resume(tmp_path) -> None:
-    first = tuner(tmp_path, "resume", trials=5)
-    counted = lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "resume"))  # noqa: E731
+def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
+    first = tuner(tmp_path, "resume", trials=5, storage=storage)
+    counted = lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "resume", storage))  # noqa: E731
     wait_for(
-        lambda: counted() >= 2 and any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "resume"))
+        lambda: (
+            counted() >= 2
+            and any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "resume", storage))
+        )
     )
 
     # `best` from a second process while the run writes: not verified yet, answered from fitting trials.
     answer = subprocess.run(
-        [AUTOTUNE, "best", "--study", "resume", "--cache-dir", str(tmp_path), "--json"],
+        [AUTOTUNE, "best", "--study", "resume", "--storage", storage, "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -100,18 +120,18 @@ def test_kill_9_mid_trial_then_resume(tmp_path) -> None:
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["verified"] is False
 
-    interrupted = next(t for t in trials_of(tmp_path, "resume") if t.state == TrialState.RUNNING)
+    interrupted = next(t for t in trials_of(tmp_path, "resume", storage) if t.state == TrialState.RUNNING)
     assert running_trial_pids(tmp_path)
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(1.0)
     assert [pid for pid in running_trial_pids(tmp_path) if alive(pid)] == []
 
-    second = tuner(tmp_path, "resume", trials=5)
+    second = tuner(tmp_path, "resume", trials=5, storage=storage)
     _, err = second.communicate(timeout=300)
     assert second.returncode == 0, err
     assert "1 interrupted trial(s) failed and queued for one retry" in err
-    trials = trials_of(tmp_path, "resume")
+    trials = trials_of(tmp_path, "resume", storage)
     assert [t.number for t in trials] == list(range(len(trials)))  # numbering continues
     assert trials[interrupted.number].state == TrialState.FAIL
     assert trials[interrupted.number].user_attrs["note"] == "interrupted; retried once"
