@@ -1,4 +1,6 @@
-"""autotune on a real PostgreSQL server (started by the test setup): the storage for many workers."""
+"""autotune on a real PostgreSQL server (started by the test setup): the storage for many workers.
+
+Racing first starts and kill -9/resume run on PostgreSQL too, in test_resume.py (parametrized by storage)."""
 
 from __future__ import annotations
 
@@ -34,21 +36,6 @@ def rows(url: str, query: str) -> list[tuple]:
         dbname=parsed.database,
     ) as conn:
         return conn.execute(query).fetchall()
-
-
-def test_eight_processes_racing_to_create_the_schema(postgres_url) -> None:
-    procs = [
-        subprocess.Popen(
-            [AUTOTUNE, "studies", "--storage", postgres_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
-    ]
-    outcomes = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
-    assert [code for code, _ in outcomes] == [0] * 8, outcomes
-    assert rows(postgres_url, "SELECT version_num FROM autotune_alembic_version") == [("0001",)]
 
 
 def test_the_search_on_postgresql_finds_the_exact_winner(postgres_url, tmp_path) -> None:

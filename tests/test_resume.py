@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from optuna.trial import TrialState
 
 from conftest import SYNTHETIC, alive
@@ -81,23 +82,22 @@ def running_trial_pids(cache: Path) -> list[int]:
     return pids
 
 
-def test_eight_processes_racing_to_create_a_fresh_database(tmp_path) -> None:
+def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
+    argv = [AUTOTUNE, "studies", "--storage", storage]
     procs = [
-        subprocess.Popen(
-            [AUTOTUNE, "studies", "--cache-dir", str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)
     ]
     outcomes = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
     assert [code for code, _ in outcomes] == [0] * 8, outcomes
-    import sqlite3
-
-    with sqlite3.connect(tmp_path / "autotune.db") as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0001",)]
-        assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)  # optuna's own
+    engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.connect() as conn:
+        assert conn.execute(sqlalchemy.text("SELECT version_num FROM autotune_alembic_version")).all() == [
+            ("0001",)
+        ]
+        assert conn.execute(sqlalchemy.text("SELECT count(*) FROM alembic_version")).one() == (
+            1,
+        )  # optuna's own
+    engine.dispose()
 
 
 def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
