@@ -163,3 +163,57 @@ def test_every_command_has_help() -> None:
     for name, command in cli.commands.items():
         assert isinstance(command, click.Command)
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0
+
+
+def test_debug_shows_the_traceback_instead_of_one_line(tmp_path) -> None:
+    from autotune.errors import InputError
+
+    plain = CliRunner().invoke(cli, ["measure", "nope.py", "-b", "1", "--cache-dir", str(tmp_path)])
+    assert (plain.exit_code, plain.output.strip()) == (2, "Error: script not found: nope.py")
+    debug = CliRunner().invoke(
+        cli, ["--debug", "measure", "nope.py", "-b", "1", "--cache-dir", str(tmp_path)]
+    )
+    assert isinstance(debug.exception, InputError)
+
+
+def test_the_run_timeout_stops_a_trial_that_steps_too_slowly(tmp_path) -> None:
+    result = measure_cli(tmp_path, str(SYNTHETIC), *"-b 1 --timeout 1 --json -- --step-seconds 0.4".split())
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert (data["outcome"], data["error"]) == ("timeout", "still running after 1s")
+
+
+def test_headroom_sets_the_limit_the_winner_must_stay_under(tmp_path) -> None:
+    limits = []
+    for headroom in ("5%", "0.2"):
+        argv = [
+            "run",
+            "--budget",
+            "200MiB",
+            "--trials",
+            "2",
+            "--plans",
+            "none",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+            "--headroom",
+            headroom,
+            "--cache-dir",
+            str(tmp_path),
+            "--json",
+            str(SYNTHETIC),
+            "--",
+            "--base-mib",
+            "20",
+        ]
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 0, result.output
+        limits.append(json.loads(result.stdout)["limit_bytes"])
+    assert limits == [int(200 * MiB * 0.95), int(200 * MiB * 0.8)]
+    bad = CliRunner().invoke(cli, [*argv[:-4], "--headroom", "lots", str(SYNTHETIC)])
+    assert bad.exit_code == 2
+    assert bad.output.strip().endswith(
+        "invalid headroom 'lots': expected a percentage such as 5% or a fraction such as 0.05"
+    )
