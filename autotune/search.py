@@ -25,7 +25,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.errors import ScriptError
+from autotune.errors import ScriptError, StudyBusyError
 from autotune.interrupts import InterruptShield
 from autotune.measurement import TrialResult
 from autotune.memory_model import MemoryModel, Observation
@@ -235,13 +235,21 @@ class Search:
             self.study.enqueue_trial(params, user_attrs={"proposed_by": "retry", "retry_of": number})
 
     def recover_interrupted(self) -> int:
-        """Fail the RUNNING trials of tuners on this host that died, and retry each once."""
+        """Fail the RUNNING trials of tuners on this host that died, and retry each once.
+
+        Raises:
+            StudyBusyError: a live tuner on this host is running a trial of this study.
+        """
         host = socket.gethostname()
-        stale = [
-            t
-            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if _dead_local_worker(str(t.user_attrs.get("worker", "")), host)
-        ]
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        alive = [t for t in running if _worker_state(str(t.user_attrs.get("worker", "")), host) == "alive"]
+        if alive:
+            pid = str(alive[0].user_attrs["worker"]).split(":")[1]
+            raise StudyBusyError(
+                f"study {self.study.study_name!r} is being tuned right now by process {pid} on this host "
+                f"(trial {alive[0].number}): wait for it, or tune under another --study"
+            )
+        stale = [t for t in running if _worker_state(str(t.user_attrs.get("worker", "")), host) == "dead"]
         for t in stale:
             self.interrupted(t.number, dict(t.params), t.user_attrs.get("retry_of"))
         return len(stale)
@@ -273,12 +281,14 @@ def best_record(records: list[TrialRecord], limit: int) -> TrialRecord | None:
     return max(fitting, key=lambda r: r.samples_per_sec or 0.0, default=None)
 
 
-def _dead_local_worker(worker: str, host: str) -> bool:
+def _worker_state(worker: str, host: str) -> str:
+    """'alive' or 'dead' for a worker id of this host (the pid's start time guards against pid reuse);
+    'unknown' for another host's: only a heartbeat could tell."""
     parts = worker.split(":")
     if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-        return False
+        return "unknown"
     try:
         start = Path(f"/proc/{parts[1]}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
-        return True
-    return start != parts[2]
+        return "dead"
+    return "alive" if start == parts[2] else "dead"

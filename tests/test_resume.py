@@ -161,3 +161,23 @@ def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path) -> None:
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and failed[0].user_attrs["note"] == "interrupted; retried once"
     assert sum("outcome" in t.user_attrs for t in trials) >= 2  # kept
+
+
+def test_a_second_run_of_a_study_being_tuned_is_refused(tmp_path) -> None:
+    first = tuner(tmp_path, "busy", trials=6)
+    try:
+        wait_for(lambda: any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "busy")))
+        second = tuner(tmp_path, "busy", trials=6)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 8
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .startswith(
+                f"Error: study 'busy' is being tuned right now by process {first.pid} on this host (trial "
+            )
+        )
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
