@@ -363,6 +363,19 @@ def show(study: str, as_json: bool, storage: str | None, cache_dir: Path | None)
     render.show(render.console(), row, records, checks, as_json)
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor(as_json: bool) -> None:
+    """Check what works on this machine (torch, GPU memory through NVML, storage drivers, backends) and
+    say what to do about what does not. Exits 1 if autotune cannot tune here at all."""
+    from autotune import doctor as checks_module
+    from autotune import render
+
+    found = checks_module.checks()
+    render.doctor(render.console(), found, as_json)
+    click.get_current_context().exit(1 if any(c.required and not c.ok for c in found) else 0)
+
+
 def _fraction(text: str) -> float:
     """'5%' or '0.05' -> 0.05."""
     try:

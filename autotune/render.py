@@ -420,3 +420,13 @@ def probed(out: Console, result: Any, as_json_flag: bool) -> None:
 
 def _signed_bytes(size: float) -> str:
     return ("-" if size < 0 else "") + format_bytes(abs(size))
+
+
+def doctor(out: Console, checks: Sequence[Any], as_json_flag: bool) -> None:
+    if as_json_flag:
+        out.print(as_json([c.to_dict() for c in checks]), markup=False)
+        return
+    for c in checks:
+        out.print(f"{'ok ' if c.ok else 'no '} {c.name}: {c.detail}", markup=False)
+        if c.hint:
+            out.print(f"     -> {c.hint}", markup=False)

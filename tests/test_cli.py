@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,34 @@ def test_headroom_sets_the_limit_the_winner_must_stay_under(tmp_path) -> None:
     assert bad.output.strip().endswith(
         "invalid headroom 'lots': expected a percentage such as 5% or a fraction such as 0.05"
     )
+
+
+def test_doctor_reports_what_works_here_without_importing_torch() -> None:
+    code = (
+        "import sys\nfrom autotune.cli import cli\n"
+        "try:\n    cli(['doctor', '--json'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules, 'the CLI imported torch'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert set(checks) == {
+        "torch",
+        "NVML (GPU memory)",
+        "SQLite (default storage)",
+        "PostgreSQL driver",
+        "ONNX Runtime backend",
+    }
+    assert checks["torch"]["ok"] and checks["torch"]["detail"].startswith("2.13.0")
+    assert checks["torch"]["required"]
+    assert checks["ONNX Runtime backend"]["hint"].endswith("pip install 'autotune[ort]'")
+
+
+def test_doctor_fails_when_torch_cannot_be_imported(tmp_path) -> None:
+    # Shadows the installed torch for the checked interpreter only: a stand-in for a machine without torch.
+    (tmp_path / "torch.py").write_text("raise ImportError('No module named torch (hidden by this test)')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([AUTOTUNE, "doctor"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1
+    assert "no  torch: ImportError: No module named torch (hidden by this test)" in proc.stdout
+    assert "-> pip install torch (>= 2.4, for selective checkpointing)" in proc.stdout

@@ -1,0 +1,120 @@
+"""``autotune doctor``: what works on this machine, and what to do about what does not.
+
+torch is checked in a child process: the CLI never imports it itself.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import sqlite3
+import subprocess
+import sys
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.errors import DeviceError
+
+_TORCH_PROBE = """
+import json
+import torch
+from torch.utils.checkpoint import create_selective_checkpoint_contexts  # operator-level plans need it
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
+                  "devices": torch.cuda.device_count()}))
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    hint: str | None = None
+    required: bool = False  # autotune cannot tune at all without it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checks() -> list[Check]:
+    """Every check, in the order a user would fix them."""
+    return [_torch(), _nvml(), _sqlite(), _postgres(), _ort()]
+
+
+def _torch() -> Check:
+    proc = subprocess.run([sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(
+            "torch", False, last, "pip install torch (>= 2.4, for selective checkpointing)", required=True
+        )
+    info = json.loads(proc.stdout)
+    if info["cuda"] is None:
+        detail = f"{info['version']}, CPU build: trials run on the CPU and measure peak RSS"
+        return Check("torch", True, detail, required=True)
+    cuda = (
+        f"CUDA {info['cuda']}, {info['devices']} device(s) visible"
+        if info["available"]
+        else "no device visible"
+    )
+    return Check(
+        "torch",
+        True,
+        f"{info['version']}, {cuda}",
+        None if info["available"] else "check the NVIDIA driver and CUDA_VISIBLE_DEVICES",
+        required=True,
+    )
+
+
+def _nvml() -> Check:
+    from autotune.nvml import load_nvml
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            nvml = load_nvml()
+        except DeviceError as e:
+            return Check(
+                "NVML (GPU memory)", False, str(e), "without a GPU autotune measures CPU RSS; nothing to do"
+            )
+    shadow = next((str(w.message) for w in caught if "shadows" in str(w.message)), None)
+    names = [
+        nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())
+    ]
+    driver = nvml.nvmlSystemGetDriverVersion()
+    detail = f"driver {driver}: {', '.join(str(n) for n in names) or 'no GPU'}"
+    return Check("NVML (GPU memory)", shadow is None, detail, shadow)
+
+
+def _sqlite() -> Check:
+    return Check("SQLite (default storage)", True, f"SQLite {sqlite3.sqlite_version}")
+
+
+def _postgres() -> Check:
+    if importlib.util.find_spec("psycopg") is None:
+        return Check(
+            "PostgreSQL driver",
+            False,
+            "psycopg is not installed",
+            "only for --storage postgresql://...: pip install 'autotune[postgres]'",
+        )
+    return Check("PostgreSQL driver", True, f"psycopg {importlib.metadata.version('psycopg')}")
+
+
+def _ort() -> Check:
+    if importlib.util.find_spec("onnxruntime") is None:
+        return Check(
+            "ONNX Runtime backend",
+            False,
+            "onnxruntime-training is not installed",
+            "only for --backend ort (deprecated upstream): pip install 'autotune[ort]'",
+        )
+    return Check(
+        "ONNX Runtime backend",
+        False,
+        f"onnxruntime {importlib.metadata.version('onnxruntime-training')} "
+        "is installed, but autotune's ORT backend is not built yet",
+        None,
+    )
