@@ -93,28 +93,35 @@ def _sqlite() -> Check:
 
 
 def _postgres() -> Check:
-    if importlib.util.find_spec("psycopg") is None:
-        return Check(
-            "PostgreSQL driver",
-            False,
-            "psycopg is not installed",
-            "only for --storage postgresql://...: pip install 'autotune[postgres]'",
-        )
-    return Check("PostgreSQL driver", True, f"psycopg {importlib.metadata.version('psycopg')}")
+    missing = _not_installed(
+        "PostgreSQL driver", "psycopg", "psycopg", "--storage postgresql://...", "postgres"
+    )
+    return missing or Check("PostgreSQL driver", True, f"psycopg {importlib.metadata.version('psycopg')}")
 
 
 def _ort() -> Check:
-    if importlib.util.find_spec("onnxruntime") is None:
-        return Check(
-            "ONNX Runtime backend",
-            False,
-            "onnxruntime-training is not installed",
-            "only for --backend ort (deprecated upstream): pip install 'autotune[ort]'",
-        )
-    return Check(
+    missing = _not_installed(
+        "ONNX Runtime backend",
+        "onnxruntime",
+        "onnxruntime-training",
+        "--backend ort (deprecated upstream)",
+        "ort",
+    )
+    version = importlib.metadata.version("onnxruntime-training") if missing is None else ""
+    return missing or Check(
         "ONNX Runtime backend",
         False,
-        f"onnxruntime {importlib.metadata.version('onnxruntime-training')} "
-        "is installed, but autotune's ORT backend is not built yet",
-        None,
+        f"onnxruntime-training {version} is installed; autotune's ORT backend is not built yet",
+    )
+
+
+def _not_installed(name: str, module: str, distribution: str, purpose: str, extra: str) -> Check | None:
+    """A failed check naming the extra that installs ``distribution``, or None if ``module`` is importable."""
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return Check(
+        name,
+        False,
+        f"{distribution} is not installed",
+        f"only for {purpose}: pip install 'autotune[{extra}]'",
     )
