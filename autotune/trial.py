@@ -173,19 +173,15 @@ def prepare(model: M) -> M:
         return model  # outside a trial with no plan: not even torch is imported
     from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
 
-    if trial is not None and trial.request.probe:
-        from autotune.backends.torch_probe import Probe
-
-        if trial.probe is None:
-            trial.probe = Probe(model, trial.request.batch_size)  # type: ignore[arg-type]
-            trial.plan_applied = "none"
-            trial.candidates = trial.probe.result()["candidates"]
-        return model
     if trial is not None:
-        trial.candidates = [
-            {"cls": c.cls, "count": c.count, "outermost": c.outermost}
-            for c in find_candidates(model)  # type: ignore[arg-type]
-        ]
+        trial.candidates = [c.summary() for c in find_candidates(model)]  # type: ignore[arg-type]
+        if trial.request.probe:
+            from autotune.backends.torch_probe import Probe
+
+            if trial.probe is None:
+                trial.probe = Probe(model, trial.request.batch_size)  # type: ignore[arg-type]
+                trial.plan_applied = "none"
+            return model
     applied = apply_plan(model, plan)  # type: ignore[arg-type]
     if trial is not None:
         trial.plan_applied = str(applied)

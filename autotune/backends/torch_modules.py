@@ -38,6 +38,10 @@ class Candidate:
     def count(self) -> int:
         return len(self.names)
 
+    def summary(self) -> dict[str, Any]:
+        """What a trial reports of this candidate (JSON-ready)."""
+        return {"cls": self.cls, "count": self.count, "outermost": self.outermost}
+
 
 def find_candidates(model: nn.Module) -> list[Candidate]:
     """The repeated composite module classes of ``model``, in order of first appearance."""

@@ -129,9 +129,7 @@ class Probe:
             "activation_bytes": sum(size for size, _, _ in self.saved.values()),
             "forward_seconds": self.forward_seconds,
             "op_seconds": dict(self.op_seconds),
-            "candidates": [
-                {"cls": c.cls, "count": c.count, "outermost": c.outermost} for c in self.candidates
-            ],
+            "candidates": [c.summary() for c in self.candidates],
             "instances": [
                 {
                     "name": n,
