@@ -20,6 +20,12 @@ SYNTHETIC = SCRIPTS / "synthetic.py"
 EXAMPLES = Path(__file__).parent.parent / "examples"
 MiB = 2**20
 
+# glibc keeps freed blocks in its heap by default, so a CPU trial's peak RSS carries up to a few hundred MiB of
+# retained heap that varies from run to run (differences of two peaks here: 128 to 202 MiB for the same
+# plans). A fixed mmap threshold returns every large block on free: peaks repeat to 0.2 MiB, and the
+# comparison measures the activations the probe predicts rather than the allocator's heap policy.
+DETERMINISTIC_CPU_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
 
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:

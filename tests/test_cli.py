@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from autotune.cli import cli
 
-from conftest import EXAMPLES, SYNTHETIC, MiB
+from conftest import DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, SYNTHETIC, MiB
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
@@ -140,7 +140,8 @@ def test_checkpointing_all_lowers_the_measured_peak_of_the_example_transformer(t
         options = f"-b 16 --plan {plan} --steps 2 --warmup-steps 1 --device cpu --json --cache-dir {tmp_path}"
         model = "--n-layer 6 --n-embd 64 --block-size 128"
         argv = [AUTOTUNE, "measure", str(EXAMPLES / "gpt.py"), *options.split(), "--", *model.split()]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        env = {**os.environ, **DETERMINISTIC_CPU_ALLOCATOR}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         data = json.loads(proc.stdout)
         assert data["plan"] == ("Block:1" if plan == "all" else "none")

@@ -13,7 +13,7 @@ import pytest
 from autotune.plans import parse_plan
 from autotune.probe import predicted_saving, rows
 
-from conftest import EXAMPLES, MiB
+from conftest import DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB
 
 AUTOTUNE = os.path.join(os.path.dirname(sys.executable), "autotune")
 
@@ -163,13 +163,6 @@ def measure(cache, plan: str, env: dict[str, str] | None = None) -> dict:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout)
-
-
-# glibc keeps freed blocks in its heap by default, so a CPU trial's peak RSS carries up to a few hundred MiB of
-# retained heap that varies from run to run (differences of two peaks here: 128 to 202 MiB for the same
-# plans). A fixed mmap threshold returns every large block on free: peaks repeat to 0.2 MiB, and the
-# comparison measures the activations the probe predicts rather than the allocator's heap policy.
-DETERMINISTIC_CPU_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 @pytest.mark.slow
