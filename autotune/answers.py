@@ -65,7 +65,8 @@ class StudySummary:
     budget_bytes: int
     trials: int  # counted trials
     best_samples_per_sec: float | None
-    state: str  # "done" (verified winner stored) or "open"
+    state: str  # the job's (open, running, done, failed); without a job: done (winner stored) or open
+    budget_text: str = ""  # as submitted, for a job no worker has started yet (budget_bytes 0)
 
 
 def open_default(storage: str | None, cache: Path | None) -> Store:
@@ -163,10 +164,13 @@ def _from_trials(store: Store, rows: list[StudyRow], budget_bytes: int, headroom
 
 
 def studies(store: Store) -> list[StudySummary]:
+    """Every study, and every submitted job that no worker has started yet."""
+    jobs = {job.study_name: job for job in store.jobs()}
     summaries = []
     for row in store.studies():
         records = _records(store, row.study_name)
         stored = store.best(row.study_name)
+        job = jobs.pop(row.study_name, None)
         summaries.append(
             StudySummary(
                 row.study_name,
@@ -174,9 +178,11 @@ def studies(store: Store) -> list[StudySummary]:
                 row.budget_bytes,
                 sum(r.counted for r in records),
                 stored.verified_samples_per_sec if stored else None,
-                "done" if stored else "open",
+                job.state if job is not None else ("done" if stored else "open"),
             )
         )
+    for job in jobs.values():
+        summaries.append(StudySummary(job.study_name, job.script, 0, 0, None, job.state, job.spec["budget"]))
     return summaries
 
 

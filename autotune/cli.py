@@ -163,88 +163,153 @@ def measure(
     click.get_current_context().exit(0 if ok else 1)
 
 
-@cli.command()
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-@click.option("--budget", required=True, help="Memory budget: 40GB, 40GiB, 0.5TiB, 90% of the device, ...")
-@click.option(
-    "--trials",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Trials the study should hold (counted over resumed runs).",
-)
-@click.option(
-    "--batch-sizes",
-    help="A range (8-512: powers of two and midpoints within) or a list (8,16,24). "
-    "Default: 1 up, pruned by the memory model.",
-)
-@click.option(
-    "--plans", multiple=True, help="Plans to search, ';'-separated or repeated (default: from the model)."
-)
-@click.option(
-    "--headroom",
-    default="5%",
-    show_default=True,
-    help="Margin the winner's verified peak keeps under the budget.",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
-@click.option("--study", help="Study name (default: derived from the script and the search).")
-@click.option("--force", is_flag=True, help="Forget the stored study and tune again.")
-@click.option(
-    "--storage",
-    envvar="AUTOTUNE_STORAGE",
-    help="SQLAlchemy URL of the database (default: SQLite in the cache dir).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@trial_options
-def run(
-    command: tuple[str, ...],
-    budget: str,
-    trials: int,
-    batch_sizes: str | None,
-    plans: tuple[str, ...],
-    headroom: str,
-    seed: int,
-    study: str | None,
-    force: bool,
-    storage: str | None,
-    as_json: bool,
-    steps: int,
-    warmup_steps: int,
-    device: str,
-    timeout: float,
-    startup_timeout: float,
-    cache_dir: Path | None,
-) -> None:
-    """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
+def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the commands that define a tuning job (``run`` and ``submit``)."""
+    options = [
+        click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True),
+        click.option(
+            "--budget", required=True, help="Memory budget: 40GB, 40GiB, 0.5TiB, 90% of the device, ..."
+        ),
+        click.option(
+            "--trials",
+            type=click.IntRange(min=1),
+            default=16,
+            show_default=True,
+            help="Trials the study should hold (counted over resumed runs and all workers).",
+        ),
+        click.option(
+            "--batch-sizes",
+            help="A range (8-512: powers of two and midpoints within) or a list (8,16,24). "
+            "Default: 1 up, pruned by the memory model.",
+        ),
+        click.option(
+            "--plans",
+            multiple=True,
+            help="Plans to search, ';'-separated or repeated (default: from the model).",
+        ),
+        click.option(
+            "--headroom",
+            default="5%",
+            show_default=True,
+            help="Margin the winner's verified peak keeps under the budget.",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
+        click.option("--study", help="Study name (default: derived from the script and the search)."),
+        click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
+        click.option(
+            "--storage",
+            envvar="AUTOTUNE_STORAGE",
+            help="SQLAlchemy URL of the database (default: SQLite in the cache dir).",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return trial_options(command)
 
-    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size}. The same command again answers from the
-    database with zero trials; an interrupted run resumes.
-    """
-    from autotune import render
+
+def _tune_spec(options: dict[str, Any]) -> Any:
     from autotune.command import TrialCommand
     from autotune.measurement import TrialSettings
     from autotune.space import parse_batch_sizes, parse_plan_list
-    from autotune.tuning import TuneSpec, tune
+    from autotune.tuning import TuneSpec
 
-    spec = TuneSpec(
-        command=TrialCommand.parse(command),
-        budget=parse_budget(budget),
-        trials=trials,
-        batch_sizes=parse_batch_sizes(batch_sizes),
-        plans=parse_plan_list(plans) if plans else None,
-        settings=TrialSettings(warmup_steps, steps, startup_timeout, timeout),
-        headroom=_fraction(headroom),
-        seed=seed,
-        device=device,
-        cache_dir=cache_dir,
-        storage=storage,
-        study=study,
-        force=force,
+    return TuneSpec(
+        command=TrialCommand.parse(options["command"]),
+        budget=parse_budget(options["budget"]),
+        trials=options["trials"],
+        batch_sizes=parse_batch_sizes(options["batch_sizes"]),
+        plans=parse_plan_list(options["plans"]) if options["plans"] else None,
+        settings=TrialSettings(
+            options["warmup_steps"], options["steps"], options["startup_timeout"], options["timeout"]
+        ),
+        headroom=_fraction(options["headroom"]),
+        seed=options["seed"],
+        device=options["device"],
+        cache_dir=options["cache_dir"],
+        storage=options["storage"],
+        study=options["study"],
+        force=options["force"],
     )
+
+
+@cli.command()
+@search_options
+def run(**options: Any) -> None:
+    """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
+
+    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size}. The same command again answers from the
+    database with zero trials; an interrupted run resumes; workers (autotune worker) sharing the database
+    help with it.
+    """
+    from autotune import render
+    from autotune.tuning import tune
+
+    spec = _tune_spec(options)
     _quiet_optuna()
     result = tune(spec, os.environ, render.ConsoleReporter(render.console(stderr=True)))
-    render.tuned(render.console(), result, command, budget, as_json)
+    render.tuned(render.console(), result, options["command"], options["budget"], options["as_json"])
+
+
+@cli.command()
+@search_options
+def submit(**options: Any) -> None:
+    """Record a tuning job for workers (autotune worker) and return at once; prints the job's study name.
+
+    Takes the options of run. Workers sharing --storage take it; autotune best --study NAME answers once
+    it is done. --device is ignored: each worker measures on its own devices.
+    """
+    from autotune import daemon
+
+    _quiet_optuna()
+    job = daemon.submit(_tune_spec(options))
+    if options["as_json"]:
+        click.echo(json.dumps({"study": job.study_name, "state": job.state, "script": job.script}))
+    else:
+        click.echo(f"job {job.study_name}: {job.state}")
+
+
+@cli.command()
+@click.option(
+    "--storage",
+    envvar="AUTOTUNE_STORAGE",
+    help="SQLAlchemy URL of the shared database (postgresql://... for several hosts; default: SQLite in "
+    "the cache dir).",
+)
+@click.option(
+    "--devices",
+    default="auto",
+    show_default=True,
+    help="Devices to run trials on, one at a time each: auto (every GPU, else the CPU), cpu, or 0,1,...",
+)
+@click.option("--once", is_flag=True, help="Exit when no open job is left (for batch schedulers and tests).")
+@click.option("--study", "studies_", multiple=True, help="Only work on these jobs.")
+@click.option(
+    "--cache-dir",
+    envvar="AUTOTUNE_CACHE_DIR",
+    type=click.Path(path_type=Path),
+    help="Trial logs and the default database.",
+)
+def worker(
+    storage: str | None, devices: str, once: bool, studies_: tuple[str, ...], cache_dir: Path | None
+) -> None:
+    """Run the trials of the database's open jobs until stopped (SIGTERM/SIGINT: running trials are
+    stopped and released, nothing is left running). Several workers, on any hosts, share the jobs."""
+    from autotune import daemon
+    from autotune.paths import cache_dir as default_cache
+    from autotune.paths import default_storage_url
+
+    _quiet_optuna()
+    url = storage or default_storage_url(default_cache(cache_dir))
+    summary = daemon.Worker(
+        url, daemon.parse_devices(devices, os.environ), cache_dir, os.environ, once, studies_ or None
+    ).run()
+    click.echo(
+        f"worker: {summary.trials} trial(s); jobs done: {', '.join(summary.jobs_done) or '-'}; "
+        f"failed: {', '.join(summary.jobs_failed) or '-'}; refused: {', '.join(summary.refused) or '-'}"
+        + ("; stopped" if summary.stopped else ""),
+        err=True,
+    )
 
 
 @cli.command()

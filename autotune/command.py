@@ -32,6 +32,7 @@ class TrialCommand:
 
     words: tuple[str, ...]
     is_template: bool
+    cwd: str | None = None  # where the trial runs (None: the tuner's working directory)
 
     @classmethod
     def parse(cls, words: Sequence[str]) -> TrialCommand:

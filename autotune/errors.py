@@ -47,9 +47,3 @@ class ScriptError(AutotuneError):
     """The training script itself failed (not out of memory) in every trial it was given."""
 
     exit_code = 7
-
-
-class StudyBusyError(AutotuneError):
-    """Another live tuner is running trials of the same study."""
-
-    exit_code = 8

@@ -16,6 +16,11 @@ from types import FrameType, TracebackType
 from typing import Any
 
 
+class StopRequested(BaseException):
+    """Raised in a worker's trial thread once its trial has been stopped because the worker is stopping
+    (SIGTERM/SIGINT). A BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it."""
+
+
 class InterruptShield:
     def __init__(self) -> None:
         self.pending = False

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import TrialError
+from autotune.interrupts import StopRequested
 from autotune.meters import MemoryMeter, MemoryReading
 from autotune.protocol import read_progress
 
@@ -61,13 +63,16 @@ def run_process(
     meter: MemoryMeter,
     on_poll: Callable[[int, float], None] | None = None,
     interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[ProcessExit, MemoryReading]:
     """Run ``launch`` to its end, metered. ``on_poll(steps_done, elapsed)`` is called while it runs;
-    ``interruptible()`` encloses the wait for the trial, once its launcher is up (see autotune.interrupts).
+    ``interruptible()`` encloses the wait for the trial, once its launcher is up (see autotune.interrupts);
+    ``stop``, once set, stops the trial cleanly from any thread (a worker that is shutting down).
 
     Raises:
         TrialError: the shim could not be started or left no result.
         KeyboardInterrupt: after the trial has been stopped cleanly.
+        StopRequested: ``stop`` was set; the trial has been stopped cleanly.
     """
     result_path = launch.workdir / "shim.json"
     shim_argv = [
@@ -102,7 +107,7 @@ def run_process(
     timed_out: str | None = None
     try:
         with interruptible() if interruptible is not None else nullcontext():
-            timed_out = _wait(shim, launch, started, on_poll)
+            timed_out = _wait(shim, launch, started, on_poll, stop)
     except BaseException:
         _stop(shim, launch.grace)
         raise
@@ -140,8 +145,11 @@ def _wait(
     launch: Launch,
     started: float,
     on_poll: Callable[[int, float], None] | None,
+    stop: threading.Event | None,
 ) -> str | None:
     while shim.poll() is None:
+        if stop is not None and stop.is_set():
+            raise StopRequested
         elapsed = time.monotonic() - started
         steps = read_progress(launch.progress_path)
         if on_poll is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
@@ -136,8 +137,11 @@ def run_trial(
     on_poll: Callable[[int, float], None] | None = None,
     probe: bool = False,
     interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+    stop: threading.Event | None = None,
 ) -> TrialResult:
-    """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``."""
+    """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
+
+    ``interruptible`` and ``stop``: see :func:`autotune.launcher.run_process`."""
     workdir = new_trial_dir(root)
     request = TrialRequest(
         batch_size=batch_size,
@@ -167,8 +171,9 @@ def run_trial(
         startup_timeout=settings.startup_timeout,
         timeout=settings.timeout,
         grace=settings.grace,
+        cwd=Path(command.cwd) if command.cwd else None,
     )
-    exit_info, reading = run_process(launch, meter, on_poll, interruptible)
+    exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
     report = _read_report(Path(request.report_path))
     outcome, error = classify(exit_info, report, settings)
     if outcome is Outcome.FAILED:

@@ -32,6 +32,7 @@ class TrialRecord:
     log_dir: str | None = None
     error: str | None = None
     worker: str | None = None
+    device: str | None = None
     note: str | None = None
     verified_peak_bytes: int | None = None
     verified_samples_per_sec: float | None = None
@@ -71,6 +72,7 @@ _ATTRS = (
     "log_dir",
     "error",
     "worker",
+    "device",
     "note",
     "verified_peak_bytes",
     "verified_samples_per_sec",

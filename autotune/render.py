@@ -66,10 +66,12 @@ def _trial_line(r: TrialRecord) -> str:
     return f"trial {r.number:>3}  batch {r.batch_size!s:>5}  {r.plan!s:<24} peak {peak}{predicted}  {speed}  {outcome}"
 
 
-def trials_table(records: Sequence[TrialRecord], limit: int | None = None) -> Table:
-    """Every trial that ran (skipped and copied proposals are only counted: see not_run_line)."""
+def trials_table(records: Sequence[TrialRecord], limit: int | None = None, workers: bool = False) -> Table:
+    """Every trial that ran (skipped and copied proposals are only counted: see not_run_line); with
+    ``workers``, which worker (host:pid) and device ran each one."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("#", "batch", "plan", "outcome", "peak", "predicted", "samples/s", "note"):
+    columns = ("#", "batch", "plan", "outcome", "peak", "predicted", "samples/s", "note")
+    for column in columns[:-1] + (("worker",) if workers else ()) + columns[-1:]:
         numeric = column in ("#", "batch", "peak", "predicted", "samples/s")
         table.add_column(column, justify="right" if numeric else "left", no_wrap=column != "note")
     for r in records:
@@ -83,7 +85,7 @@ def trials_table(records: Sequence[TrialRecord], limit: int | None = None) -> Ta
         note = r.note or r.error or ""
         if r.kind not in ("measured", "verification"):
             note = f"{r.kind}: {note}" if note else r.kind
-        table.add_row(
+        cells = [
             str(r.number),
             str(r.batch_size),
             r.plan or "",
@@ -91,8 +93,11 @@ def trials_table(records: Sequence[TrialRecord], limit: int | None = None) -> Ta
             format_bytes(r.peak_bytes) if r.peak_bytes is not None else "",
             predicted,
             f"{r.samples_per_sec:,.1f}" if r.samples_per_sec else "",
-            note,
-        )
+        ]
+        if workers:
+            host_pid = ":".join((r.worker or "").split(":")[:2])
+            cells.append(f"{host_pid} {r.device}" if r.device else host_pid)
+        table.add_row(*cells, note)
     return table
 
 
@@ -243,7 +248,7 @@ def studies(out: Console, summaries: Sequence[Any]) -> None:
         table.add_row(
             s.name,
             s.script,
-            format_bytes(s.budget_bytes),
+            format_bytes(s.budget_bytes) if s.budget_bytes else s.budget_text,
             str(s.trials),
             f"{s.best_samples_per_sec:,.1f}" if s.best_samples_per_sec else "-",
             s.state,
@@ -273,7 +278,7 @@ def show(
         f"study {row.study_name}: {row.script}, budget {format_bytes(row.budget_bytes)} "
         f"(limit {format_bytes(limit)})"
     )
-    out.print(trials_table(records, limit))
+    out.print(trials_table(records, limit, workers=True))
     for line in (not_run_line(records), prediction_summary(records)):
         if line:
             out.print(line)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from autotune import probe
 from autotune.budget import Budget, format_bytes
@@ -30,6 +30,9 @@ from autotune.command import TrialCommand
 from autotune.devices import Device, resolve_device
 from autotune.errors import InputError, NoFitError, ScriptError, StorageError
 from autotune.fingerprint import Workload, check_study_name, default_study_name, study_key, workload_of
+from autotune.heartbeat import Heartbeat, grace_seconds
+from autotune.interrupts import StopRequested
+from autotune.jobs import job_row
 from autotune.measurement import TrialResult, TrialSettings, run_trial
 from autotune.meters import MemoryMeter, make_meter
 from autotune.nvml import load_nvml
@@ -38,9 +41,9 @@ from autotune.plans import parse_plan
 from autotune.protocol import Outcome
 from autotune.records import TrialRecord, constraint_mib
 from autotune.reporting import Reporter, SilentReporter
-from autotune.search import Search, best_record, records_of, tell_result
+from autotune.search import LeaseWatch, Search, Step, best_record, records_of, tell_result, worker_id
 from autotune.space import SearchSpace, build_space, parse_batch_sizes
-from autotune.storage import BestRow, Store, StudyRow, open_store
+from autotune.storage import BestRow, Lease, Store, StudyRow, open_store, retrying
 
 MAX_VERIFICATIONS = 3
 
@@ -106,6 +109,24 @@ class _Job:
     run: Any  # _run_config bound to the job: run(batch, plan, poll=, settings=, probe=, interruptible=)
     probes_run: int  # trials the probe took in this process (0 or 1)
 
+    def search(
+        self, study: optuna.Study, spec: TuneSpec, reporter: Reporter, worker: str, stop: Any = None
+    ) -> Search:
+        run = self.run
+        return Search(
+            study,
+            self.space,
+            self.limit,
+            lambda b, p, poll, allow: run(b, p, poll=poll, interruptible=allow, stop=stop),
+            spec.trials,
+            reporter,
+            self.store,
+            str(self.device),
+            self.savings,
+            grace=grace_seconds(),
+            worker=worker,
+        )
+
     def result(
         self, best: BestRow, study: optuna.Study, new_trials: int, exhausted: bool, cached: bool = False
     ) -> TuneResult:
@@ -131,12 +152,16 @@ def tune(
 ) -> TuneResult:
     """Find, verify and store the fastest configuration whose measured peak fits ``spec.budget``.
 
+    The job is recorded in the database while it runs, so workers (``autotune worker``) on this or other
+    hosts can help with it; without them it runs here, one trial at a time.
+
     Raises:
         InputError, DeviceError: bad spec or device. StorageError: the database.
         ScriptError: the script failed in its trials. NoFitError: nothing fits (every trial is kept).
     """
     reporter = reporter or SilentReporter()
-    job = _resolve(spec, dict(os.environ if environ is None else environ), reporter, nvml)
+    worker = worker_id()
+    job = _resolve(spec, dict(os.environ if environ is None else environ), reporter, nvml, worker)
     name = job.study_row.study_name
     if spec.force:
         job.store.forget_study(name)
@@ -145,28 +170,26 @@ def tune(
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, exhausted=False, cached=True)
     study = _open_study(job.store, job.study_row, spec.seed, job.workload, job.limit)
-    run = job.run
-    search = Search(
-        study,
-        job.space,
-        job.limit,
-        lambda b, p, poll, allow: run(b, p, poll=poll, interruptible=allow),
-        spec.trials,
-        reporter,
-        job.savings,
-    )
-    if recovered := search.recover_interrupted():
+    job.store.submit_job(job_row(spec, name, worker, "running"))
+    job.store.set_job_state(name, "running")
+    search = job.search(study, spec, reporter, worker)
+    if recovered := search.recover():
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
-    with search.shield:
-        exhausted = search.run()
-        best = _verify(search, partial(run, settings=spec.verify_settings), reporter)
-        job.store.save_best(best)
+    with Heartbeat(job.store, worker), search.shield:
+        try:
+            exhausted = search.run()
+            best = verify(search, partial(job.run, settings=spec.verify_settings))
+        except (ScriptError, NoFitError) as e:
+            job.store.set_job_state(name, "failed", str(e))
+            raise
     return job.result(best, study, search.trials_run + job.probes_run, exhausted)
 
 
-def _resolve(spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any) -> _Job:
+def _resolve(
+    spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any, worker: str, stop: Any = None
+) -> _Job:
     """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``."""
     device = resolve_device(spec.device, env, (lambda: nvml) if nvml is not None else load_nvml)
     budget = spec.budget.resolve(device.total_bytes)
@@ -176,7 +199,9 @@ def _resolve(spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any)
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
     )
     run = partial(_run_config, spec, device, make_meter(device, nvml), cache_dir(spec.cache_dir), env)
-    discovery, probes_run = _discover(store, workload, spec, run, reporter)
+    discovery, probes_run = _discover(
+        store, workload, spec, partial(run, stop=stop), reporter, worker, str(device)
+    )
     probe_data = discovery.get("probe")
     space = build_space(
         spec.batch_sizes,
@@ -212,6 +237,7 @@ def _run_config(
     settings: TrialSettings | None = None,
     probe: bool = False,
     interruptible: Any = None,
+    stop: Any = None,
 ) -> TrialResult:
     return run_trial(
         spec.command,
@@ -226,31 +252,71 @@ def _run_config(
         on_poll=poll,
         probe=probe,
         interruptible=interruptible,
+        stop=stop,
     )
 
 
 def _discover(
-    store: Store, workload: Workload, spec: TuneSpec, run: Any, reporter: Reporter
+    store: Store, workload: Workload, spec: TuneSpec, run: Any, reporter: Reporter, worker: str, device: str
 ) -> tuple[dict[str, Any], int]:
     """The workload's probe (its repeated module classes and what recomputing them saves), measured by
-    its first trial — once per fingerprint, again with ``force`` — and how many trials that took (0 or 1).
+    its first trial — once per fingerprint, again with ``force`` — and how many trials that took here.
 
-    The probe's trial is instrumented, so its peak and speed are not stored as a measurement."""
-    row = store.workload(workload.fingerprint)
-    if row and row["discovery"] is not None and not spec.force:
+    Workers racing on a new workload lease the probe (key ``workload-<fingerprint>``): one runs it, the
+    others wait for its result; a probe whose worker dies is retried once. The probe's trial is
+    instrumented, so its peak and speed are not stored as a measurement."""
+    key = f"workload-{workload.fingerprint}"
+    if spec.force:
+        store.forget_leases(key)
+    elif (row := store.workload(workload.fingerprint)) and row["discovery"] is not None:
         return dict(row["discovery"]), 0
+    watch = LeaseWatch(grace_seconds())
     batch = spec.batch_sizes[0]
-    reporter.trial_started(-1, batch, "none", "probe")
-    result: TrialResult = run(batch, "none", poll=reporter.trial_progress, probe=True)
+    while True:
+        row = store.workload(workload.fingerprint)
+        fresh = row and row["discovery"] is not None and not (spec.force and not store.leases(key, ("done",)))
+        if fresh:
+            return dict(row["discovery"]), 0
+        lease = store.take_queued(key, worker, device) or store.claim(
+            key, "probe", batch, "none", 0, worker, device
+        )
+        if lease is not None:
+            return _probe(store, workload, lease, run, reporter), 1
+        for other in store.leases(key):
+            if other.state == "failed" and other.note and other.note.startswith("script: "):
+                raise ScriptError(
+                    f"the script's first trial failed on worker {other.worker}: {other.note[8:]}"
+                )
+            why = watch.dead(other) if other.state == "running" and other.worker != worker else None
+            if why is not None and store.fail_if_silent(other.id, other.beats, why):
+                if other.attempt > 0:
+                    raise ScriptError(f"the probe's worker died twice ({why})")
+                store.queue(key, "probe", other.batch_size, other.plan, 1, why)
+        time.sleep(0.5)
+
+
+def _probe(store: Store, workload: Workload, lease: Lease, run: Any, reporter: Reporter) -> dict[str, Any]:
+    reporter.trial_started(-1, lease.batch_size, "none", "probe")
+    try:
+        result: TrialResult = run(lease.batch_size, "none", poll=reporter.trial_progress, probe=True)
+    except StopRequested:
+        retrying(lambda: store.release(lease.id, "released by a stopping worker"))
+        raise
+    except BaseException:
+        retrying(lambda: store.end_lease(lease.id, "failed", "interrupted"))
+        raise
     if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT):
+        error = (result.error or "").strip().splitlines()
+        store.end_lease(lease.id, "failed", "script: " + (error[0] if error else result.outcome.value))
         raise ScriptError(
             f"the script's first trial {result.outcome.value} (logs: {result.log_dir}):\n{result.error}"
         )
     discovery = {"probe": result.probe, "outcome": result.outcome.value, "log_dir": result.log_dir}
     store.set_discovery(workload.fingerprint, result.candidates or [], discovery)
+    store.end_lease(lease.id, "done")
     classes = ", ".join(c["cls"] for c in result.candidates or []) or "none found"
-    reporter.note(f"probe: batch {batch}: {result.outcome.value}; repeated modules: {classes}")
-    return discovery, 1
+    reporter.note(f"probe: batch {lease.batch_size}: {result.outcome.value}; repeated modules: {classes}")
+    return discovery
 
 
 def _savings(probe_data: dict[str, Any] | None, space: SearchSpace) -> dict[str, float]:
@@ -319,58 +385,106 @@ def _as_trial(kind: str, data: dict[str, Any], space: SearchSpace, limit: int) -
     )
 
 
-def _verify(search: Search, run_long: Any, reporter: Reporter) -> BestRow:
-    """Re-run the fastest fitting configurations longer until one stays under the limit."""
-    study, limit = search.study, search.limit
-    records = records_of(study)
-    tried: set[tuple[int | None, str | None]] = set()
-    for _ in range(MAX_VERIFICATIONS):
+def verify(search: Search, run_long: Any, poll_seconds: float = 0.5) -> BestRow:
+    """Verify until the study has a best plan (this worker or another stores it)."""
+    while True:
+        step, best = verify_step(search, run_long)
+        if best is not None:
+            return best
+        if step is Step.BUSY:
+            time.sleep(poll_seconds)
+
+
+def verify_step(search: Search, run_long: Any) -> tuple[Step, BestRow | None]:
+    """One round of verification: the fastest fitting configurations, in order, are re-run longer
+    (``run_long``) until one stays under the limit; that one is stored as the best plan.
+
+    Verifications are leased like trials (kind ``verify``): one worker verifies each configuration, a
+    dead verifier's configuration is verified once more, and the others wait (``Step.BUSY``).
+
+    Raises:
+        NoFitError: MAX_VERIFICATIONS configurations failed verification, or none fits.
+    """
+    store, study, limit, name = search.store, search.study, search.limit, search.name
+    if (stored := store.best(name)) is not None:
+        return Step.FINISHED, stored
+    leases = store.leases(name, kinds=("verify",))
+    for other in leases:
+        why = search.watch.dead(other) if other.state == "running" and other.worker != search.worker else None
+        if why is not None and store.fail_if_silent(other.id, other.beats, why):
+            search._after_failure(other, why)
+    lease = store.take_queued(name, search.worker, search.device, kinds=("verify",))
+    if lease is None:
+        if any(x.state in ("running", "queued") for x in store.leases(name, kinds=("verify",))):
+            return Step.BUSY, None
+        records = records_of(study)
+        tried = {(x.batch_size, x.plan) for x in leases}
         candidate = best_record([r for r in records if (r.batch_size, r.plan) not in tried], limit)
-        if candidate is None or candidate.batch_size is None or candidate.plan is None:
-            break
-        tried.add((candidate.batch_size, candidate.plan))
-        study.enqueue_trial(
-            {"batch_size": candidate.batch_size, "plan": candidate.plan},
-            user_attrs={
-                "kind": "verification",
-                "proposed_by": "verification",
-                "note": f"verifies trial {candidate.number}",
-            },
+        if len(tried) >= MAX_VERIFICATIONS or candidate is None:
+            raise NoFitError(_no_fit_message(records, limit))
+        assert candidate.batch_size is not None and candidate.plan is not None
+        lease = store.claim(
+            name, "verify", candidate.batch_size, candidate.plan, 0, search.worker, search.device
         )
-        trial = study.ask(search.distributions)
-        reporter.trial_started(
-            trial.number, candidate.batch_size, candidate.plan, f"verifying trial {candidate.number}"
+        if lease is None:
+            return Step.MISSED, None
+    return Step.RAN, _verify_lease(search, lease, run_long)
+
+
+def _verify_lease(search: Search, lease: Lease, run_long: Any) -> BestRow | None:
+    store, study, limit, reporter = search.store, search.study, search.limit, search.reporter
+    candidate = best_record(
+        [r for r in records_of(study) if (r.batch_size, r.plan) == (lease.batch_size, lease.plan)], limit
+    )
+    if candidate is None:  # only possible for a stale queued retry: nothing to verify any more
+        store.end_lease(lease.id, "failed", "no fitting trial of this configuration")
+        return None
+    trial = search.ask_fixed(lease.batch_size, lease.plan)
+    for key, value in {
+        "kind": "verification",
+        "proposed_by": "verification",
+        "note": f"verifies trial {candidate.number}",
+        "worker": search.worker,
+        "lease": lease.id,
+        "device": search.device,
+    }.items():
+        trial.set_user_attr(key, value)
+    store.set_lease_trial(lease.id, trial.number)
+    reporter.trial_started(trial.number, lease.batch_size, lease.plan, f"verifying trial {candidate.number}")
+    try:
+        result = run_long(
+            lease.batch_size, lease.plan, poll=reporter.trial_progress, interruptible=search.shield.allow
         )
-        try:
-            result = run_long(
-                candidate.batch_size,
-                candidate.plan,
-                poll=reporter.trial_progress,
-                interruptible=search.shield.allow,
-            )
-        except KeyboardInterrupt:
-            study.tell(
-                trial, state=TrialState.FAIL
-            )  # a verification is not retried: the next run verifies again
-            raise
-        tell_result(study, trial, result, limit)
-        reporter.trial_finished(records_of(study)[trial.number], candidate)
-        if result.outcome is Outcome.COMPLETE and result.peak_bytes <= limit and result.samples_per_sec:
-            return BestRow(
-                study.study_name,
-                candidate.number,
-                candidate.batch_size,
-                candidate.plan,
-                candidate.peak_bytes or 0,
-                candidate.samples_per_sec or 0.0,
-                result.peak_bytes,
-                result.samples_per_sec,
-            )
-        reporter.note(
-            f"trial {candidate.number} failed verification ({result.outcome.value}, peak "
-            f"{format_bytes(result.peak_bytes)}); trying the next configuration"
+    except StopRequested:
+        search._release(lease, trial.number)
+        raise
+    except KeyboardInterrupt:  # a verification is not retried here: the next run verifies again
+        search._fail_trial(trial.number, "interrupted")
+        store.forget_lease(lease.id)
+        raise
+    tell_result(study, trial, result, limit)
+    reporter.trial_finished(records_of(study)[trial.number], candidate)
+    if result.outcome is Outcome.COMPLETE and result.peak_bytes <= limit and result.samples_per_sec:
+        best = BestRow(
+            study.study_name,
+            candidate.number,
+            lease.batch_size,
+            lease.plan,
+            candidate.peak_bytes or 0,
+            candidate.samples_per_sec or 0.0,
+            result.peak_bytes,
+            result.samples_per_sec,
         )
-    raise NoFitError(_no_fit_message(records_of(study), limit))
+        retrying(lambda: store.save_best(best))
+        retrying(lambda: store.set_job_state(study.study_name, "done"))
+        retrying(lambda: store.end_lease(lease.id, "done"))
+        return best
+    retrying(lambda: store.end_lease(lease.id, "failed", f"verification {result.outcome.value}"))
+    reporter.note(
+        f"trial {candidate.number} failed verification ({result.outcome.value}, peak "
+        f"{format_bytes(result.peak_bytes)}); trying the next configuration"
+    )
+    return None
 
 
 def _no_fit_message(records: list[TrialRecord], limit: int) -> str:

@@ -2,8 +2,10 @@
 
 - Tables are created once, under a lock (an flock next to a SQLite file; a PostgreSQL advisory lock):
   racing first starts on a fresh SQLite path otherwise fail while creating tables (optuna #4621).
-- SQLite waits 60 s for a lock (the default 5 s fails trials with "database is locked" under load), and
+- SQLite waits 60 s for a lock (AUTOTUNE_BUSY_TIMEOUT overrides it) (the default 5 s fails trials with "database is locked" under load), and
   uses WAL (~26% faster here) only on a local disk: WAL on a network filesystem corrupts databases.
+- Workers call the database through ``retrying``: a lock held past the busy timeout or a dropped
+  connection is retried, so a transient error never fails a live trial or loses a result.
 - The URL is shown only with its password hidden, and braces are escaped for Optuna, which runs
   ``url.format(...)`` on it (a ``{`` in a password would raise and leak part of it).
 """
@@ -12,16 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import random
 import sqlite3
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from autotune.errors import StorageError
+
+T = TypeVar("T")
+log = logging.getLogger("autotune.storage")
 
 BUSY_TIMEOUT_SECONDS = 60
 NETWORK_FILESYSTEMS = {
@@ -77,9 +86,18 @@ def sqlite_path(url: URL) -> Path | None:
     return Path(url.database).expanduser().resolve()
 
 
+def busy_timeout() -> float:
+    """Seconds SQLite waits for a lock: BUSY_TIMEOUT_SECONDS, or AUTOTUNE_BUSY_TIMEOUT."""
+    text = os.environ.get("AUTOTUNE_BUSY_TIMEOUT", "")
+    try:
+        return float(text) if text and float(text) > 0 else BUSY_TIMEOUT_SECONDS
+    except ValueError:
+        raise StorageError(f"AUTOTUNE_BUSY_TIMEOUT must be a number of seconds, got {text!r}") from None
+
+
 def engine_kwargs(url: URL) -> dict[str, object]:
     if url.get_backend_name() == "sqlite":
-        return {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS}}
+        return {"connect_args": {"timeout": busy_timeout()}}
     return {"pool_pre_ping": True}
 
 
@@ -131,7 +149,7 @@ def prepare_sqlite(path: Path) -> None:
             stacklevel=3,
         )
     try:
-        with contextlib.closing(sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS)) as conn:
+        with contextlib.closing(sqlite3.connect(path, timeout=busy_timeout())) as conn:
             conn.execute("PRAGMA schema_version").fetchone()  # fails on a file that is not a database
             if not network:
                 conn.execute("PRAGMA journal_mode=WAL").fetchone()
@@ -153,3 +171,46 @@ def filesystem_type(path: Path) -> str:
             if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
                 best, kind = point, fields[2]
     return kind
+
+
+def is_transient(error: BaseException) -> bool:
+    """A lock timeout or a lost connection (worth retrying), anywhere in ``error``'s cause chain.
+
+    Optuna re-raises SQLAlchemy's errors as its own StorageInternalError, autotune as StorageError."""
+    return _transient_cause(error) is not None
+
+
+def _transient_cause(error: BaseException) -> BaseException | None:
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (sa.exc.OperationalError, sa.exc.InterfaceError, sqlite3.OperationalError)):
+            return seen
+        if isinstance(seen, sa.exc.DBAPIError) and seen.connection_invalidated:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def retrying(
+    call: Callable[[], T],
+    deadline: float | None = None,
+    on_retry: Callable[[BaseException, int], None] | None = None,
+) -> T:
+    """``call()``, retried with jittered backoff (0.1 s doubling to 5 s) while it fails transiently.
+
+    ``deadline``: seconds after which the last transient error is raised (None: retry until it works, for
+    writes that must not be lost). Anything else is raised at once."""
+    started, attempt = time.monotonic(), 0
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not is_transient(e) or (deadline is not None and time.monotonic() - started > deadline):
+                raise
+            attempt += 1
+            if on_retry is not None:
+                on_retry(e, attempt)
+            elif attempt == 1:
+                cause = str(_transient_cause(e)).strip().splitlines()
+                log.warning("database busy or unreachable, retrying: %s", cause[0][:200] if cause else e)
+            time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.0))

@@ -16,7 +16,7 @@ from autotune.errors import StorageError
 from autotune.storage.schema import HEAD_REVISION, VERSION_TABLE
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-KNOWN_REVISIONS = ["0001"]  # in order; the last is HEAD_REVISION
+KNOWN_REVISIONS = ["0001", "0002"]  # in order; the last is HEAD_REVISION
 
 
 def current_revision(engine: sa.Engine) -> str | None:

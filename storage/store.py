@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 
 from autotune.errors import StorageError
 from autotune.storage import database, schema
+from autotune.storage.database import retrying
 from autotune.storage.migrate import migrate
 
 
@@ -28,6 +30,33 @@ class StudyRow:
 
 
 @dataclass(frozen=True)
+class JobRow:
+    study_name: str
+    script: str
+    script_sha256: str | None
+    spec: dict[str, Any]
+    state: str  # schema.JOB_STATES
+    submitted_by: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: int
+    study_name: str
+    kind: str  # schema.LEASE_KINDS
+    batch_size: int
+    plan: str
+    attempt: int
+    state: str  # schema.LEASE_STATES
+    worker: str | None
+    device: str | None
+    trial_number: int | None
+    beats: int
+    note: str | None
+
+
+@dataclass(frozen=True)
 class BestRow:
     study_name: str
     trial_number: int
@@ -39,8 +68,53 @@ class BestRow:
     verified_samples_per_sec: float
 
 
+class RetryingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDBStorage whose every call is retried while the database is locked or unreachable
+    (autotune.storage.retrying): a lock held past the busy timeout, or a PostgreSQL restart, delays
+    a worker instead of failing its live trial or losing its result. Still an RDBStorage, so Optuna
+    keeps its trial cache in front of it."""
+
+
+def _retried(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return retrying(lambda: method(*args, **kwargs))
+
+    return call
+
+
+for _name in (
+    "create_new_study",
+    "create_new_trial",
+    "delete_study",
+    "get_all_studies",
+    "get_all_trials",
+    "get_best_trial",
+    "get_study_directions",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_system_attrs",
+    "get_study_user_attrs",
+    "get_trial",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial_param",
+    "get_trial_system_attrs",
+    "get_trial_user_attrs",
+    "set_study_system_attr",
+    "set_study_user_attr",
+    "set_trial_intermediate_value",
+    "set_trial_param",
+    "set_trial_state_values",
+    "set_trial_system_attr",
+    "set_trial_user_attr",
+):
+    setattr(RetryingRDBStorage, _name, _retried(getattr(optuna.storages.RDBStorage, _name)))
+
+
 class Store:
-    """One database. ``optuna`` is the RDBStorage that studies are created and loaded with."""
+    """One database. ``optuna`` is the RDBStorage that studies are created and loaded with.
+
+    Every method is retried while the database is locked or unreachable (see RetryingRDBStorage)."""
 
     def __init__(self, optuna_storage: optuna.storages.RDBStorage, display_url: str) -> None:
         self.optuna = optuna_storage
@@ -129,8 +203,9 @@ class Store:
         return next((row for row in self.studies() if row.study_name == name), None)
 
     def forget_study(self, name: str) -> None:
-        """Delete a study, its trials and its best plan (``--force``)."""
+        """Delete a study, its trials, leases and best plan (``--force``)."""
         with self._connect(write=True) as conn:
+            conn.execute(sa.delete(schema.leases).where(schema.leases.c.study_name == name))
             conn.execute(sa.delete(schema.best).where(schema.best.c.study_name == name))
             conn.execute(sa.delete(schema.studies).where(schema.studies.c.study_name == name))
         with suppress(KeyError):  # no Optuna study of that name: nothing to delete
@@ -147,6 +222,221 @@ class Store:
             conn.execute(sa.delete(schema.best).where(schema.best.c.study_name == row.study_name))
             conn.execute(sa.insert(schema.best).values(**row.__dict__, created_at=_now()))
 
+    # Jobs --------------------------------------------------------------------------------------------
+    def submit_job(self, row: JobRow) -> JobRow:
+        """Record ``row`` unless a job of that name exists; either way, the stored job."""
+        now = _now()
+        try:
+            with self._connect(write=True) as conn:
+                conn.execute(sa.insert(schema.jobs).values(**row.__dict__, created_at=now, updated_at=now))
+        except StorageError as e:
+            if not isinstance(e.__cause__, sa.exc.IntegrityError):
+                raise
+        found = self.job(row.study_name)
+        assert found is not None
+        return found
+
+    def job(self, name: str) -> JobRow | None:
+        return next(iter(self.jobs(name=name)), None)
+
+    def jobs(self, states: tuple[str, ...] | None = None, name: str | None = None) -> list[JobRow]:
+        query = sa.select(schema.jobs).order_by(schema.jobs.c.created_at)
+        if states is not None:
+            query = query.where(schema.jobs.c.state.in_(states))
+        if name is not None:
+            query = query.where(schema.jobs.c.study_name == name)
+        with self._connect() as conn:
+            rows = conn.execute(query).all()
+        return [JobRow(**{k: v for k, v in r._mapping.items() if k not in _TIMES}) for r in rows]
+
+    def set_job_state(
+        self, name: str, state: str, error: str | None = None, only_from: tuple[str, ...] | None = None
+    ) -> bool:
+        """Move a job to ``state`` (only from one of ``only_from``, if given); False if it was not there."""
+        query = sa.update(schema.jobs).where(schema.jobs.c.study_name == name)
+        if only_from is not None:
+            query = query.where(schema.jobs.c.state.in_(only_from))
+        with self._connect(write=True) as conn:
+            return conn.execute(query.values(state=state, error=error, updated_at=_now())).rowcount == 1
+
+    # Leases ------------------------------------------------------------------------------------------
+    def claim(
+        self, study: str, kind: str, batch: int, plan: str, attempt: int, worker: str, device: str
+    ) -> Lease | None:
+        """Take the configuration for ``worker``: None if any worker has taken it before (unique key)."""
+        return self._insert_lease(study, kind, batch, plan, attempt, "running", worker, device, None)
+
+    def take_slot(self, study: str, slots: int, worker: str) -> int | None:
+        """One of the study's ``slots`` trial slots (kind ``slot``, numbered from 0), or None when every
+        slot is taken: with several workers, ``--trials N`` means N, not N plus one per worker."""
+        for _ in range(slots):
+            taken = {x.batch_size for x in self.leases(study, kinds=("slot",))}
+            free = next((i for i in range(slots) if i not in taken), None)
+            if free is None:
+                return None
+            if self._insert_lease(study, "slot", free, "", 0, "done", worker, None, None) is not None:
+                return free
+        return None
+
+    def queue(self, study: str, kind: str, batch: int, plan: str, attempt: int, note: str) -> bool:
+        """Queue a configuration for any worker to take; False if that attempt exists already."""
+        return self._insert_lease(study, kind, batch, plan, attempt, "queued", None, None, note) is not None
+
+    def _insert_lease(
+        self,
+        study: str,
+        kind: str,
+        batch: int,
+        plan: str,
+        attempt: int,
+        state: str,
+        worker: str | None,
+        device: str | None,
+        note: str | None,
+    ) -> Lease | None:
+        values = dict(
+            study_name=study,
+            kind=kind,
+            batch_size=batch,
+            plan=plan,
+            attempt=attempt,
+            state=state,
+            worker=worker,
+            device=device,
+            beats=0,
+            note=note,
+            updated_at=_now(),
+        )
+        try:
+            with self._connect(write=True) as conn:
+                inserted = conn.execute(sa.insert(schema.leases).values(**values)).inserted_primary_key
+                assert inserted is not None
+                lease_id = inserted[0]
+        except StorageError as e:
+            if not isinstance(e.__cause__, sa.exc.IntegrityError):
+                raise
+            # Ours after all, if a retried insert had committed before its connection was lost.
+            mine = self.lease(study, kind, batch, plan, attempt)
+            return mine if mine is not None and worker is not None and mine.worker == worker else None
+        return Lease(id=lease_id, trial_number=None, **_without(values, "updated_at"))
+
+    def take_queued(
+        self, study: str, worker: str, device: str, kinds: tuple[str, ...] | None = None
+    ) -> Lease | None:
+        """Take the oldest queued lease of ``study``; None if there is none (or others took them first)."""
+        for lease in self.leases(study, ("queued",), kinds):
+            with self._connect(write=True) as conn:
+                taken = conn.execute(
+                    sa.update(schema.leases)
+                    .where(schema.leases.c.id == lease.id, schema.leases.c.state == "queued")
+                    .values(state="running", worker=worker, device=device, updated_at=_now())
+                ).rowcount
+            if taken == 1:
+                return Lease(**{**lease.__dict__, "state": "running", "worker": worker, "device": device})
+        return None
+
+    def leases(
+        self, study: str, states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None
+    ) -> list[Lease]:
+        query = (
+            sa.select(schema.leases).where(schema.leases.c.study_name == study).order_by(schema.leases.c.id)
+        )
+        if states is not None:
+            query = query.where(schema.leases.c.state.in_(states))
+        if kinds is not None:
+            query = query.where(schema.leases.c.kind.in_(kinds))
+        with self._connect() as conn:
+            rows = conn.execute(query).all()
+        return [Lease(**_without(dict(r._mapping), "updated_at")) for r in rows]
+
+    def lease(self, study: str, kind: str, batch: int, plan: str, attempt: int) -> Lease | None:
+        return next(
+            (
+                x
+                for x in self.leases(study, kinds=(kind,))
+                if (x.batch_size, x.plan, x.attempt) == (batch, plan, attempt)
+            ),
+            None,
+        )
+
+    def forget_slot(self, study: str, slot: int) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute(
+                sa.delete(schema.leases).where(
+                    schema.leases.c.study_name == study,
+                    schema.leases.c.kind == "slot",
+                    schema.leases.c.batch_size == slot,
+                )
+            )
+
+    def forget_lease(self, lease_id: int) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute(sa.delete(schema.leases).where(schema.leases.c.id == lease_id))
+
+    def forget_leases(self, study: str) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute(sa.delete(schema.leases).where(schema.leases.c.study_name == study))
+
+    def set_lease_trial(self, lease_id: int, number: int) -> None:
+        self._update_lease(lease_id, None, trial_number=number)
+
+    def end_lease(self, lease_id: int, state: str, note: str | None = None) -> bool:
+        """A running lease ends (``done`` or ``failed``); False if it was not running (failed as stale)."""
+        return self._update_lease(lease_id, "running", state=state, note=note)
+
+    def release(self, lease_id: int, note: str) -> bool:
+        """Give a running lease back to the queue, same attempt (a worker stopping is not a fault)."""
+        return self._update_lease(lease_id, "running", state="queued", worker=None, device=None, note=note)
+
+    def fail_if_silent(self, lease_id: int, beats: int, note: str) -> bool:
+        """Fail a running lease whose beats are still ``beats``; False if it moved on or another worker
+        failed it first. Exactly one caller wins."""
+        with self._connect(write=True) as conn:
+            return (
+                conn.execute(
+                    sa.update(schema.leases)
+                    .where(
+                        schema.leases.c.id == lease_id,
+                        schema.leases.c.state == "running",
+                        schema.leases.c.beats == beats,
+                    )
+                    .values(state="failed", note=note, updated_at=_now())
+                ).rowcount
+                == 1
+            )
+
+    def beat(self, worker: str) -> int:
+        """One heartbeat for every running lease of ``worker``; how many there were."""
+        with self._connect(write=True) as conn:
+            return conn.execute(
+                sa.update(schema.leases)
+                .where(schema.leases.c.worker == worker, schema.leases.c.state == "running")
+                .values(beats=schema.leases.c.beats + 1, updated_at=_now())
+            ).rowcount
+
+    def _update_lease(self, lease_id: int, only_from: str | None, **values: Any) -> bool:
+        query = sa.update(schema.leases).where(schema.leases.c.id == lease_id)
+        if only_from is not None:
+            query = query.where(schema.leases.c.state == only_from)
+        with self._connect(write=True) as conn:
+            return conn.execute(query.values(**values, updated_at=_now())).rowcount == 1
+
+
+_TIMES = ("created_at", "updated_at")
+
+
+def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k not in names}
+
+
+def _retry_every_method(cls: type[Store]) -> None:
+    for name, method in list(vars(cls).items()):
+        if callable(method) and not name.startswith("_"):
+            setattr(cls, name, _retried(method))
+
+
+_retry_every_method(Store)
+
 
 def open_store(url: str) -> Store:
     """Open (creating or migrating if needed) the database at SQLAlchemy ``url``.
@@ -162,7 +452,7 @@ def open_store(url: str) -> Store:
         with database.creation_lock(parsed):
             if path is not None:
                 database.prepare_sqlite(path)
-            storage = optuna.storages.RDBStorage(
+            storage = RetryingRDBStorage(
                 database.escape_for_optuna(parsed.render_as_string(hide_password=False)),
                 engine_kwargs=database.engine_kwargs(parsed),
             )

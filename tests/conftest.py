@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -154,3 +155,19 @@ def postgres_url(postgres_server) -> str:
     ) as c:
         c.execute(f"CREATE DATABASE {name}")
     return f"postgresql://{user}:{quote(password, safe='')}@{host}:{port}/{name}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def storage(request, tmp_path) -> str:
+    """The same test on each storage: SQLite in the cache dir, and a real PostgreSQL server."""
+    if request.param == "postgres":
+        return request.getfixturevalue("postgres_url")
+    return f"sqlite:///{tmp_path / 'autotune.db'}"
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 120.0) -> None:
+    """Poll ``condition`` every 0.1 s until it holds; fail the test after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.1)

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import optuna
-import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from conftest import SYNTHETIC, alive
+from conftest import SYNTHETIC, alive, wait_for
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 SLOW = [
@@ -29,14 +30,6 @@ SLOW = [
     "--plan-effects",
     "A=0.5:0.25",
 ]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def storage(request, tmp_path) -> str:
-    """The same test on each storage: SQLite in the cache dir, and a real PostgreSQL server."""
-    if request.param == "postgres":
-        return request.getfixturevalue("postgres_url")
-    return f"sqlite:///{tmp_path / 'autotune.db'}"
 
 
 def tuner(cache: Path, study: str, trials: int, storage: str | None = None) -> subprocess.Popen[str]:
@@ -59,13 +52,6 @@ def trials_of(cache: Path, study: str, storage: str | None = None) -> list[optun
         return optuna.load_study(study_name=study, storage=url).get_trials()
     except KeyError:
         return []
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "timed out waiting"
-        time.sleep(0.1)
 
 
 def running_trial_pids(cache: Path) -> list[int]:
@@ -92,7 +78,7 @@ def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
     engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("SELECT version_num FROM autotune_alembic_version")).all() == [
-            ("0001",)
+            ("0002",)
         ]
         assert conn.execute(sqlalchemy.text("SELECT count(*) FROM alembic_version")).one() == (
             1,
@@ -103,12 +89,12 @@ def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
 def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     first = tuner(tmp_path, "resume", trials=5, storage=storage)
     counted = lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "resume", storage))  # noqa: E731
-    wait_for(
-        lambda: (
-            counted() >= 2
-            and any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "resume", storage))
-        )
-    )
+    measuring = lambda: [  # noqa: E731
+        t
+        for t in trials_of(tmp_path, "resume", storage)
+        if t.state == TrialState.RUNNING and t.user_attrs.get("kind") == "measured"
+    ]
+    wait_for(lambda: counted() >= 2)
 
     # `best` from a second process while the run writes: not verified yet, answered from fitting trials.
     answer = subprocess.run(
@@ -120,8 +106,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["verified"] is False
 
-    interrupted = next(t for t in trials_of(tmp_path, "resume", storage) if t.state == TrialState.RUNNING)
-    assert running_trial_pids(tmp_path)
+    wait_for(lambda: measuring() and running_trial_pids(tmp_path))
+    interrupted = measuring()[0]
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(1.0)
@@ -134,7 +120,10 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     trials = trials_of(tmp_path, "resume", storage)
     assert [t.number for t in trials] == list(range(len(trials)))  # numbering continues
     assert trials[interrupted.number].state == TrialState.FAIL
-    assert trials[interrupted.number].user_attrs["note"] == "interrupted; retried once"
+    assert re.fullmatch(
+        rf"worker {re.escape(socket.gethostname())}:{first.pid}:\d+ died; retried once",
+        trials[interrupted.number].user_attrs["note"],
+    )
     retries = [t for t in trials if t.user_attrs.get("retry_of") == interrupted.number]
     assert len(retries) == 1
     assert retries[0].params == interrupted.params
@@ -163,21 +152,29 @@ def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path) -> None:
     assert sum("outcome" in t.user_attrs for t in trials) >= 2  # kept
 
 
-def test_a_second_run_of_a_study_being_tuned_is_refused(tmp_path) -> None:
-    first = tuner(tmp_path, "busy", trials=6)
-    try:
-        wait_for(lambda: any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "busy")))
-        second = tuner(tmp_path, "busy", trials=6)
-        _, err = second.communicate(timeout=120)
-        assert second.returncode == 8
-        assert (
-            err.strip()
-            .splitlines()[-1]
-            .startswith(
-                f"Error: study 'busy' is being tuned right now by process {first.pid} on this host (trial "
-            )
-        )
-    finally:
-        first.send_signal(signal.SIGINT)
-        first.communicate(timeout=60)
-    assert first.returncode == 130
+def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) -> None:
+    """Two runs of one study at once (the same code path as two workers): every configuration is
+    measured once, and both report the same verified winner."""
+    first = tuner(tmp_path, "shared", trials=8, storage=storage)
+    wait_for(lambda: any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "shared", storage)))
+    second = tuner(tmp_path, "shared", trials=8, storage=storage)
+    outputs = [p.communicate(timeout=300) for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    trials = trials_of(tmp_path, "shared", storage)
+    measured = [
+        (t.params["batch_size"], t.params["plan"]) for t in trials if t.user_attrs["kind"] == "measured"
+    ]
+    assert len(measured) == len(set(measured)) == 8
+    workers = {t.user_attrs["worker"].split(":")[1] for t in trials if t.user_attrs["kind"] == "measured"}
+    assert workers == {str(first.pid), str(second.pid)}
+    assert [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
+    verified = [t for t in trials if t.user_attrs["kind"] == "verification"]
+    assert len(verified) == 1
+    answer = subprocess.run(
+        [AUTOTUNE, "best", "--study", "shared", "--storage", storage, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    data = json.loads(answer.stdout)
+    assert (data["verified"], data["batch_size"], data["plan"]) == (True, *verified[0].params.values())

@@ -1,0 +1,120 @@
+"""Worker soak: one `autotune worker` runs a job of N real subprocess trials (default 500) on SQLite;
+its open file descriptors, RSS and zombie children are sampled from outside as the trials land.
+
+    .venv/bin/python bench/soak.py [TRIALS] [sqlite|postgresql://...]
+
+Prints the figures at 10% of the trials and at the end, and their ratios (RELIABILITY.md: stable
+within 5%). tests/test_daemon.py runs the same soak with fewer trials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+SYNTHETIC = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "synthetic.py"
+
+
+@dataclass
+class Sample:
+    trials: int
+    fds: int
+    rss_kib: int
+    zombies: int
+
+
+def soak(trials: int, cache: Path, storage: str | None = None) -> tuple[list[Sample], float, int]:
+    """Run the soak; the samples (one per new finished trial), the seconds it took and the worker's exit code."""
+    storage = storage or f"sqlite:///{cache / 'autotune.db'}"
+    batches = ",".join(str(b) for b in range(1, trials + 2))
+    argv = [
+        AUTOTUNE,
+        "submit",
+        "--budget",
+        "2GiB",
+        "--trials",
+        str(trials),
+        "--study",
+        "soak",
+        "--plans",
+        "none",
+    ]
+    argv += ["--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1", "--storage", storage]
+    argv += [str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    started = time.monotonic()
+    worker = subprocess.Popen(
+        [AUTOTUNE, "worker", "--once", "--devices", "cpu", "--storage", storage, "--cache-dir", str(cache)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    samples: list[Sample] = []
+    seen = 0
+    trials_dir = cache / "trials"
+    while worker.poll() is None:
+        done = (
+            sum(1 for d in trials_dir.iterdir() if (d / "report.json").exists()) if trials_dir.exists() else 0
+        )
+        if done > seen:
+            seen = done
+            sample = _sample(worker.pid, done)
+            if sample is not None:
+                samples.append(sample)
+        time.sleep(0.05)
+    worker.stderr.read()  # type: ignore[union-attr]
+    return samples, time.monotonic() - started, worker.returncode
+
+
+def _sample(pid: int, trials: int) -> Sample | None:
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        rss = next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmRSS:")
+        )
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except (OSError, StopIteration):
+        return None
+    zombies = 0
+    for child in children:
+        with contextlib.suppress(OSError):  # reaped meanwhile
+            zombies += Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return Sample(trials, fds, rss, zombies)
+
+
+def steady(samples: list[Sample], total: int) -> tuple[Sample, Sample]:
+    """The sample at 10% of the trials (after warm-up: imports, caches) and the last one."""
+    early = next(s for s in samples if s.trials >= max(total // 10, 5))
+    return early, samples[-1]
+
+
+def main() -> None:
+    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+    storage = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "sqlite" else None
+    with tempfile.TemporaryDirectory() as tmp:
+        samples, seconds, code = soak(trials, Path(tmp), storage)
+    early, last = steady(samples, trials)
+    print(
+        f"worker soak: {trials} trials in {seconds:.0f} s ({seconds / trials * 1000:.0f} ms a trial), exit {code}"
+    )
+    print(
+        f"  at {early.trials:4d} trials: {early.fds} fds, RSS {early.rss_kib / 1024:.1f} MiB, {early.zombies} zombies"
+    )
+    print(
+        f"  at {last.trials:4d} trials: {last.fds} fds, RSS {last.rss_kib / 1024:.1f} MiB, {last.zombies} zombies"
+    )
+    print(f"  ratios end/early: fds {last.fds / early.fds:.3f}, RSS {last.rss_kib / early.rss_kib:.3f}")
+    print(f"  max zombies seen: {max(s.zombies for s in samples)}")
+
+
+if __name__ == "__main__":
+    main()

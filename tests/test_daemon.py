@@ -1,0 +1,309 @@
+"""The daemon as real processes: `autotune submit` + `autotune worker` on SQLite and a real PostgreSQL,
+with workers killed, stopped and locked out (shared/RELIABILITY.md's storage suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import sqlalchemy
+from optuna.trial import TrialState
+
+from conftest import SYNTHETIC, alive, wait_for
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25 --plan-effects B=0.25:0.1"
+
+
+def submit(storage: str, cache: Path, study: str, trials: int, step_seconds: float = 0.1) -> None:
+    options = (
+        f"--budget 300MiB --trials {trials} --study {study} --plans none;A;B --batch-sizes 1-64 --steps 2"
+    )
+    argv = [AUTOTUNE, "submit", *options.split(), "--warmup-steps", "1", "--storage", storage]
+    argv += [
+        "--cache-dir",
+        str(cache),
+        str(SYNTHETIC),
+        "--",
+        *MODEL.split(),
+        "--step-seconds",
+        str(step_seconds),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, f"job {study}: open\n"), proc.stderr
+
+
+def worker(storage: str, cache: Path, host: str | None = None, once: bool = True, **env: str):
+    argv = [AUTOTUNE, "worker", "--devices", "cpu", "--storage", storage, "--cache-dir", str(cache)]
+    environ = {**os.environ, "AUTOTUNE_HEARTBEAT_GRACE": "3", **env}
+    if host:
+        environ["AUTOTUNE_WORKER_HOST"] = host
+    return subprocess.Popen(
+        argv + (["--once"] if once else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+
+
+def trials_of(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    url = storage.replace("postgresql://", "postgresql+psycopg://")
+    try:
+        return optuna.load_study(study_name=study, storage=url).get_trials()
+    except KeyError:
+        return []
+
+
+def trial_pids_of(cache: Path, worker_pid: int) -> list[int]:
+    """Live trial processes started by ``worker_pid`` (trial folders are named <time>-<pid>-<n>)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if re.search(
+                rb"AUTOTUNE_TRIAL_REQUEST="
+                + re.escape(str(cache).encode())
+                + rb"/trials/[^/]*-%d-" % worker_pid,
+                environ,
+            ):
+                pids.append(int(entry))
+    return [pid for pid in pids if alive(pid)]
+
+
+def measured(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in trials if t.user_attrs.get("kind") == "measured"]
+
+
+def job_state(storage: str, study: str) -> str:
+    engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.connect() as conn:
+        state = conn.execute(
+            sqlalchemy.text("SELECT state FROM autotune_jobs WHERE study_name = :s"), {"s": study}
+        ).scalar_one()
+    engine.dispose()
+    return state
+
+
+def assert_finished_cleanly(storage: str, study: str, trials: int) -> list[optuna.trial.FrozenTrial]:
+    """The job is done: `trials` distinct configurations measured, nothing RUNNING or WAITING, one
+    verification, and `autotune best` answers with the verified winner."""
+    found = trials_of(storage, study)
+    assert [t.number for t in found if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
+    counted = [t for t in measured(found) if t.state == TrialState.COMPLETE]
+    configs = [(t.params["batch_size"], t.params["plan"]) for t in counted]
+    assert len(configs) == len(set(configs)) == trials, configs
+    verifications = [t for t in found if t.user_attrs.get("kind") == "verification"]
+    assert len(verifications) == 1
+    assert job_state(storage, study) == "done"
+    answer = subprocess.run(
+        [AUTOTUNE, "best", "--study", study, "--storage", storage, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    data = json.loads(answer.stdout)
+    assert (data["verified"], data["batch_size"], data["plan"]) == (True, *verifications[0].params.values())
+    return found
+
+
+def test_three_workers_share_a_job_with_nothing_lost_or_duplicated(tmp_path, storage) -> None:
+    submit(storage, tmp_path, "shared", trials=12)
+    workers = [worker(storage, tmp_path) for _ in range(3)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], outputs
+    found = assert_finished_cleanly(storage, "shared", 12)
+    assert [t.number for t in found if t.state == TrialState.FAIL] == []
+    ran_by = {t.user_attrs["worker"] for t in measured(found)}
+    assert len(ran_by) >= 2, ran_by  # the work was shared
+    assert all("Traceback" not in err for _, err in outputs), outputs
+
+
+def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage) -> None:
+    """The Done-when: two workers (one on a simulated other host, judged by its heartbeat), a third
+    started later; the other-host worker is SIGKILLed mid-trial."""
+    submit(storage, tmp_path, "faults", trials=10, step_seconds=0.4)
+    doomed = worker(storage, tmp_path, host="simulated-host")
+    steady = worker(storage, tmp_path)
+
+    def doomed_is_measuring():
+        return [
+            t
+            for t in measured(trials_of(storage, "faults"))
+            if t.state == TrialState.RUNNING and t.user_attrs.get("worker", "").startswith("simulated-host:")
+        ]
+
+    wait_for(lambda: doomed_is_measuring() and trial_pids_of(tmp_path, doomed.pid))
+    killed = doomed_is_measuring()[0]
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    time.sleep(1.0)
+    assert trial_pids_of(tmp_path, doomed.pid) == []  # its trial died with it (PDEATHSIG)
+
+    late = worker(storage, tmp_path)
+    outputs = [w.communicate(timeout=300) for w in (steady, late)]
+    assert [steady.returncode, late.returncode] == [0, 0], outputs
+
+    found = trials_of(storage, "faults")
+    assert found[killed.number].state == TrialState.FAIL
+    assert re.fullmatch(
+        r"worker simulated-host:\d+:\d+ stopped heartbeating for 3s; retried once",
+        found[killed.number].user_attrs["note"],
+    )
+    retries = [t for t in found if t.user_attrs.get("retry_of") == killed.number]
+    assert len(retries) == 1 and retries[0].params == killed.params
+    assert retries[0].state == TrialState.COMPLETE
+    failed = [t.number for t in found if t.state == TrialState.FAIL]
+    assert failed == [killed.number]
+    # Every configuration measured once, the killed one twice (its failed run and its retry).
+    assert_finished_cleanly(storage, "faults", 10)
+
+
+def test_sigterm_stops_a_worker_cleanly_and_another_finishes_its_trial(tmp_path, storage) -> None:
+    submit(storage, tmp_path, "stopped", trials=6, step_seconds=0.4)
+    first = worker(storage, tmp_path)
+    wait_for(
+        lambda: (
+            [t for t in measured(trials_of(storage, "stopped")) if t.state == TrialState.RUNNING]
+            and trial_pids_of(tmp_path, first.pid)
+        )
+    )
+    stopped = next(t for t in measured(trials_of(storage, "stopped")) if t.state == TrialState.RUNNING)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert "stopping (SIGTERM)" in err and "stopped" in err.splitlines()[-1]
+    assert trial_pids_of(tmp_path, first.pid) == []
+    found = trials_of(storage, "stopped")
+    assert [t.number for t in found if t.state == TrialState.RUNNING] == []
+    assert found[stopped.number].user_attrs["note"] == "released: its worker was stopped"
+    assert job_state(storage, "stopped") == "running"
+
+    second = worker(storage, tmp_path)
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    found = assert_finished_cleanly(storage, "stopped", 6)
+    rerun = [t for t in measured(found) if t.params == stopped.params and t.state == TrialState.COMPLETE]
+    assert len(rerun) == 1 and rerun[0].user_attrs["proposed_by"] == "released"
+
+
+def test_an_outside_lock_held_for_twice_the_busy_timeout_loses_nothing(tmp_path, storage) -> None:
+    submit(storage, tmp_path, "locked", trials=6, step_seconds=0.3)
+    proc = worker(storage, tmp_path, AUTOTUNE_BUSY_TIMEOUT="2")
+    wait_for(
+        lambda: (
+            len([t for t in measured(trials_of(storage, "locked")) if t.state == TrialState.COMPLETE]) >= 2
+        )
+    )
+    if storage.startswith("sqlite"):
+        conn = sqlite3.connect(storage.removeprefix("sqlite:///"), timeout=10)
+        conn.execute("BEGIN EXCLUSIVE")
+        time.sleep(4.0)  # 2x the worker's busy timeout: its writes fail with "database is locked"
+        conn.rollback()
+        conn.close()
+    else:
+        engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SET lock_timeout = '10s'"))
+            conn.execute(
+                sqlalchemy.text(
+                    "LOCK TABLE trials, trial_user_attributes, autotune_leases IN ACCESS EXCLUSIVE MODE"
+                )
+            )
+            time.sleep(4.0)
+            conn.rollback()
+        engine.dispose()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "AssertionError" not in err and "Traceback" not in err, err
+    if storage.startswith("sqlite"):  # PostgreSQL waits for the lock instead of failing
+        assert "database busy or unreachable, retrying: (sqlite3.OperationalError) database is locked" in err
+    found = assert_finished_cleanly(storage, "locked", 6)
+    assert [t.number for t in found if t.state == TrialState.FAIL] == []
+
+
+def test_a_worker_refuses_a_job_whose_script_differs_here(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    script = tmp_path / "train.py"
+    script.write_text(SYNTHETIC.read_text())
+    argv = [AUTOTUNE, "submit", "--budget", "300MiB", "--study", "theirs", "--storage", storage, str(script)]
+    assert subprocess.run(argv, capture_output=True, timeout=60).returncode == 0
+    script.write_text(SYNTHETIC.read_text() + "\n# edited on this host\n")
+    proc = worker(storage, tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (
+        f"[cpu] refusing job theirs: job theirs: this host's {script} differs from the submitted script"
+        in err
+    )
+    assert job_state(storage, "theirs") == "open"
+
+
+def test_studies_lists_submitted_jobs_and_their_state(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    submit(storage, tmp_path, "queued", trials=3)
+    listing = subprocess.run(
+        [AUTOTUNE, "studies", "--storage", storage], capture_output=True, text=True, timeout=60
+    )
+    row = next(line for line in listing.stdout.splitlines() if "queued" in line)
+    assert [cell.strip() for cell in row.split("│")[3:7]] == ["300MiB", "0", "-", "open"], row
+
+
+def test_bad_devices_are_one_line() -> None:
+    proc = subprocess.run(
+        [AUTOTUNE, "worker", "--devices", "gpu0", "--once"], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "Error: --devices: expected auto, cpu or GPU indices like 0,1, got 'gpu0'\n",
+    )
+
+
+def test_a_worker_soak_keeps_fds_and_memory_stable(tmp_path) -> None:
+    """bench/soak.py with 120 trials (its default, 500, is in bench/results/soak-cpu.txt)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    import soak
+
+    samples, _, code = soak.soak(120, tmp_path)
+    assert code == 0
+    early, last = soak.steady(samples, 120)
+    assert last.trials >= 120
+    assert last.fds == early.fds, (early, last)
+    assert abs(last.rss_kib - early.rss_kib) <= 0.05 * early.rss_kib, (early, last)
+    assert max(s.zombies for s in samples) <= 1  # at most the trial being reaped at the sampling instant
+
+
+def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) -> None:
+    from autotune.storage import open_store
+
+    path = tmp_path / "autotune.db"
+    open_store(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:  # what autotune 0001 left: no jobs, no leases
+        conn.execute("DROP TABLE autotune_leases")
+        conn.execute("DROP TABLE autotune_jobs")
+        conn.execute("UPDATE autotune_alembic_version SET version_num = '0001'")
+    study = optuna.create_study(storage=f"sqlite:///{path}", study_name="old")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    proc = subprocess.run(
+        [AUTOTUNE, "studies", "--cache-dir", str(tmp_path)], capture_output=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0002",)]
+        assert conn.execute("SELECT count(*) FROM autotune_leases").fetchall() == [(0,)]
+    assert len(optuna.load_study(study_name="old", storage=f"sqlite:///{path}").trials) == 3
+    backups = list(tmp_path.glob("autotune.db.backup-0001-*"))
+    assert len(backups) == 1
+    with sqlite3.connect(backups[0]) as conn:
+        assert conn.execute("SELECT count(*) FROM trials").fetchall() == [(3,)]
