@@ -32,7 +32,7 @@ from autotune.interrupts import StopRequested
 from autotune.jobs import JobRefused, job_row, spec_digest, spec_of
 from autotune.records import TrialRecord
 from autotune.search import Search, Step, worker_id
-from autotune.storage import JobRow, Store, open_store, retrying
+from autotune.storage import JobRow, Store, open_store
 
 if TYPE_CHECKING:  # without importing the tuning machinery at CLI start
     from autotune.tuning import TuneSpec
@@ -47,8 +47,9 @@ def submit(spec: TuneSpec) -> JobRow:
     store = open_store(spec.storage or default_storage_url(cache_dir(spec.cache_dir)))
     stem = Path(spec.command.script_path() or spec.command.words[0]).stem[:64] or "job"
     name = spec.study or check_study_name(f"{stem}-{spec_digest(spec)[:12]}")
-    stored = store.submit_job(job_row(spec, name, worker_id(), "open"))
-    if stored.spec != job_row(spec, name, "", "").spec:
+    row = job_row(spec, name, worker_id(), "open")
+    stored = store.submit_job(row)
+    if stored.spec != row.spec:
         raise InputError(
             f"a different job named {name!r} exists in {store.display_url}: choose another --study"
         )
@@ -157,13 +158,13 @@ class JobWork:
             JobRefused: this worker cannot run the job here. ScriptError, NoFitError: the job failed.
         """
         from autotune.errors import StorageError
-        from autotune.tuning import _open_study, _resolve, verify_step
+        from autotune.tuning import open_study, resolve, verify_step
 
         if self.search is None:
-            job = _resolve(self.spec, self.environ, self.reporter, None, self.worker, self.stop)
+            job = resolve(self.spec, self.environ, self.reporter, None, self.worker, self.stop)
             self.trials += job.probes_run
             try:
-                study = _open_study(job.store, job.study_row, self.spec.seed, job.workload, job.limit)
+                study = open_study(job.store, job.study_row, self.spec.seed, job.workload, job.limit)
             except StorageError as e:
                 raise JobRefused(
                     f"job {self.job.study_name}: this worker's device or software differs from the job's "
@@ -262,7 +263,7 @@ class Worker:
             while not self.stop.is_set():
                 jobs = [
                     j
-                    for j in retrying(lambda: self.store.jobs(states=("open", "running")))
+                    for j in self.store.jobs(states=("open", "running"))
                     if (self.only is None or j.study_name in self.only)
                     and j.study_name not in self.summary.refused
                 ]
@@ -309,13 +310,13 @@ class Worker:
                 continue
             except (ScriptError, NoFitError) as e:
                 error = str(e)
-                retrying(lambda: self.store.set_job_state(name, "failed", error))  # noqa: B023
+                self.store.set_job_state(name, "failed", error)
                 with self._lock:
                     self.summary.jobs_failed.append(name)
                 reporter.note(f"job {name} failed: {str(e).splitlines()[0]}")
                 continue
             if step is Step.FINISHED:
-                retrying(lambda: self.store.set_job_state(name, "done"))  # noqa: B023 (idempotent)
+                self.store.set_job_state(name, "done")
                 with self._lock:
                     if name not in self.summary.jobs_done:
                         self.summary.jobs_done.append(name)

@@ -1,8 +1,9 @@
 """Heartbeats: a thread that bumps the beat counter of every lease this process holds.
 
 Optuna's own heartbeat thread dies on the first database error (a 2.5 s write lock was enough here,
-RELIABILITY.md §6), after which another worker fails the still-running trial. This one retries every
-beat, logs the first error of a streak once, and never stops before its process does.
+RELIABILITY.md §6), after which another worker fails the still-running trial. This one's beats go
+through the Store, which retries locks and lost connections; any other error is logged and the next
+beat comes as usual: the thread never stops before its process does.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 from types import TracebackType
 
 from autotune.search import DEFAULT_GRACE_SECONDS, HEARTBEAT_SECONDS
-from autotune.storage import Store, retrying
+from autotune.storage import Store
 
 log = logging.getLogger("autotune.heartbeat")
 
@@ -39,8 +40,6 @@ class Heartbeat:
         self.store = store
         self.worker = worker
         self.interval = interval or heartbeat_seconds()
-        self.beats = 0
-        self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autotune-heartbeat", daemon=True)
 
@@ -55,16 +54,8 @@ class Heartbeat:
         self._thread.join()
 
     def _run(self) -> None:
-        failing = False
         while not self._stop.wait(self.interval):
             try:
-                retrying(lambda: self.store.beat(self.worker), deadline=self.interval)
-                self.beats += 1
-                if failing:
-                    log.warning("heartbeat: the database answers again")
-                failing = False
+                self.store.beat(self.worker)  # waits out locks and outages: the Store retries them
             except Exception as e:
-                self.errors += 1
-                if not failing:
-                    log.warning("heartbeat: cannot reach the database (retrying): %s", str(e).splitlines()[0])
-                failing = True
+                log.warning("heartbeat failed (next beat in %gs): %s", self.interval, str(e).splitlines()[0])

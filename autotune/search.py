@@ -48,7 +48,7 @@ from autotune.protocol import Outcome
 from autotune.records import TrialRecord, constraint_mib
 from autotune.reporting import Reporter
 from autotune.space import SearchSpace
-from autotune.storage import Lease, Store, retrying
+from autotune.storage import Lease, Store
 
 SKIP_MARGIN = 0.10  # skip only what the model predicts over the limit by more than this
 MAX_MISSES = 40  # sampler proposals in a row that were skipped or copies: the space is exhausted
@@ -95,7 +95,7 @@ def worker_id() -> str:
 
 
 def records_of(study: optuna.Study) -> list[TrialRecord]:
-    return [TrialRecord.from_frozen(t) for t in retrying(lambda: study.get_trials(deepcopy=False))]
+    return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
 
 
 def model_of(records: list[TrialRecord], savings: dict[str, float] | None = None) -> MemoryModel:
@@ -211,7 +211,6 @@ class Search:
         self.trials_run = 0
         self.misses = 0
         self.failures = 0
-        self._slot_unused = True
         self.shield = InterruptShield()
         self.distributions: dict[str, BaseDistribution] = {
             "batch_size": CategoricalDistribution(space.batch_sizes),
@@ -251,11 +250,9 @@ class Search:
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
             return Step.BUSY
-        try:
-            step = self._proposed(proposal) if proposal is not None else self._sample(records, model)
-        finally:
-            if self._slot_unused:
-                self.store.forget_slot(self.name, slot)
+        step = self._proposed(proposal) if proposal is not None else self._sample(records, model)
+        if step is not Step.RAN:  # nothing was measured: the slot is free again
+            self.store.forget_slot(self.name, slot)
         return step
 
     def _proposed(self, proposal: Proposal) -> Step:
@@ -263,14 +260,11 @@ class Search:
             self.name, "trial", proposal.batch_size, proposal.plan, 0, self.worker, self.device
         )
         if lease is None:  # another worker claimed it between our read and our claim
-            self._slot_unused = True
             return Step.MISSED
-        self._slot_unused = False
         self._run_lease(lease, proposal.why)
         return Step.RAN
 
     def _sample(self, records: list[TrialRecord], model: MemoryModel) -> Step:
-        self._slot_unused = True
         trial = self.study.ask(self.distributions)
         trial.set_user_attr("worker", self.worker)
         batch, plan = trial.params["batch_size"], trial.params["plan"]
@@ -284,7 +278,6 @@ class Search:
             self.study.tell(trial, state=TrialState.PRUNED)
             self.misses += 1
             return Step.MISSED
-        self._slot_unused = False
         self._measure(trial, lease, model, "sampler")
         return Step.RAN
 
@@ -354,7 +347,7 @@ class Search:
             self.fail_lease(lease, "interrupted")
             raise
         except StopRequested:
-            self._release(lease, trial.number)
+            self.release(lease, trial.number)
             raise
         tell_result(self.study, trial, result, self.limit)
         self.store.end_lease(lease.id, "done")
@@ -372,30 +365,30 @@ class Search:
                 f"{result.error}"
             )
 
-    def _release(self, lease: Lease, number: int) -> None:
+    def release(self, lease: Lease, number: int) -> None:
         """A stopping worker gives its configuration back (same attempt: stopping is not a fault)."""
-        self._fail_trial(number, "released: its worker was stopped")
-        retrying(lambda: self.store.release(lease.id, "released by a stopping worker"))
+        self.fail_trial(number, "released: its worker was stopped")
+        self.store.release(lease.id, "released by a stopping worker")
 
     def fail_lease(self, lease: Lease, why: str) -> None:
         """Fail a lease whose worker will not finish it, with its trials, and queue its one retry."""
-        retrying(lambda: self.store.end_lease(lease.id, "failed", why))
+        self.store.end_lease(lease.id, "failed", why)
         self._after_failure(lease, why)
 
     def _after_failure(self, lease: Lease, why: str) -> None:
         retry = lease.attempt == 0
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get("lease") == lease.id:
-                self._fail_trial(t.number, why + ("; retried once" if retry else ""))
+                self.fail_trial(t.number, why + ("; retried once" if retry else ""))
         if retry:
             origin = f"trial {lease.trial_number}" if lease.trial_number is not None else f"lease {lease.id}"
             self.store.queue(self.name, lease.kind, lease.batch_size, lease.plan, 1, origin)
 
-    def _fail_trial(self, number: int, note: str) -> None:
+    def fail_trial(self, number: int, note: str) -> None:
         frozen = self.study.trials[number]
         if frozen.state is TrialState.RUNNING:
             optuna.trial.Trial(self.study, frozen._trial_id).set_user_attr("note", note)
-            retrying(lambda: self.study.tell(number, state=TrialState.FAIL))
+            self.study.tell(number, state=TrialState.FAIL)
 
     def recover(self) -> int:
         """Fail the leases (and trials) of dead workers and queue each configuration's one retry.
@@ -421,11 +414,11 @@ class Search:
             lease = leases.get(t.user_attrs.get("lease"))
             worker = str(t.user_attrs.get("worker", ""))
             if lease is not None and lease.state != "running":
-                self._fail_trial(t.number, lease.note or "its lease ended")
+                self.fail_trial(t.number, lease.note or "its lease ended")
             elif lease is None and _worker_state(worker, self.watch.host) == "dead":
-                self._fail_trial(t.number, f"worker {worker} died")
+                self.fail_trial(t.number, f"worker {worker} died")
             elif not worker and t.datetime_start and _age(t.datetime_start) > 2 * self.watch.grace:
-                self._fail_trial(t.number, "asked by a worker that never used it")
+                self.fail_trial(t.number, "asked by a worker that never used it")
             else:
                 continue
             orphans += 1
@@ -435,8 +428,8 @@ class Search:
 def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, limit: int) -> None:
     """Store a measured trial: every attribute first, then the value and constraint (or FAIL).
 
-    Every write is retried while the database is locked or unreachable: a finished measurement is
-    never dropped for a transient error."""
+    The storage retries every write while the database is locked or unreachable (RetryingRDBStorage):
+    a finished measurement is never dropped for a transient error."""
     attrs = {
         "outcome": result.outcome.value,
         "peak_bytes": result.peak_bytes,
@@ -446,23 +439,23 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
         "error": result.error.strip().splitlines()[0][:500] if result.error else None,
     }
     for name, value in attrs.items():
-        retrying(lambda: trial.set_user_attr(name, value))  # noqa: B023 (called at once)
+        trial.set_user_attr(name, value)
     if result.outcome in (Outcome.COMPLETE, Outcome.OOM):
         constraint = constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
-        retrying(lambda: trial.set_constraint("memory", constraint))
+        trial.set_constraint("memory", constraint)
         _tell(study, trial, result.samples_per_sec or 0.0, TrialState.COMPLETE)
     else:
         _tell(study, trial, None, TrialState.FAIL)
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None, state: TrialState) -> None:
-    """``study.tell``, retried while the database is locked or unreachable (a retry may find the trial
-    told already: the first tell committed, its answer was lost). If another worker failed the trial
+    """``study.tell`` (a storage retry may find the trial told already: the first tell committed, its
+    answer was lost). If another worker failed the trial
     meanwhile (it took this worker for dead), the measurement is added as a trial of its own: a
     finished measurement is never lost."""
     with contextlib.suppress(UpdateFinishedTrialError):  # a retried tell whose first attempt committed
-        retrying(lambda: study.tell(trial, value, state=state, skip_if_finished=True))
-    stored = retrying(lambda: trial.storage.get_trial(trial._trial_id))
+        study.tell(trial, value, state=state, skip_if_finished=True)
+    stored = trial.storage.get_trial(trial._trial_id)
     if stored.state is state or state is TrialState.FAIL:
         return
     late = optuna.trial.create_trial(
@@ -472,7 +465,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None, state: 
         user_attrs={**stored.user_attrs, "note": f"late result of trial {stored.number}, failed as stale"},
         system_attrs=stored.system_attrs,
     )
-    retrying(lambda: study.add_trial(late))
+    study.add_trial(late)
 
 
 def best_record(records: list[TrialRecord], limit: int) -> TrialRecord | None:

@@ -43,7 +43,7 @@ from autotune.records import TrialRecord, constraint_mib
 from autotune.reporting import Reporter, SilentReporter
 from autotune.search import LeaseWatch, Search, Step, best_record, records_of, tell_result, worker_id
 from autotune.space import SearchSpace, build_space, parse_batch_sizes
-from autotune.storage import BestRow, Lease, Store, StudyRow, open_store, retrying
+from autotune.storage import BestRow, Lease, Store, StudyRow, open_store
 
 MAX_VERIFICATIONS = 3
 
@@ -106,7 +106,9 @@ class _Job:
     space: SearchSpace
     study_row: StudyRow
     savings: dict[str, float]
-    run: Any  # _run_config bound to the job: run(batch, plan, poll=, settings=, probe=, interruptible=)
+    run: (
+        Any  # _run_config bound to the job: run(batch, plan, poll=, settings=, probe=, interruptible=, stop=)
+    )
     probes_run: int  # trials the probe took in this process (0 or 1)
 
     def search(
@@ -161,7 +163,7 @@ def tune(
     """
     reporter = reporter or SilentReporter()
     worker = worker_id()
-    job = _resolve(spec, dict(os.environ if environ is None else environ), reporter, nvml, worker)
+    job = resolve(spec, dict(os.environ if environ is None else environ), reporter, nvml, worker)
     name = job.study_row.study_name
     if spec.force:
         job.store.forget_study(name)
@@ -169,7 +171,7 @@ def tune(
         reporter.note(f"answered from {job.store.display_url} (study {name}): zero trials; --force re-tunes")
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, exhausted=False, cached=True)
-    study = _open_study(job.store, job.study_row, spec.seed, job.workload, job.limit)
+    study = open_study(job.store, job.study_row, spec.seed, job.workload, job.limit)
     job.store.submit_job(job_row(spec, name, worker, "running"))
     job.store.set_job_state(name, "running")
     search = job.search(study, spec, reporter, worker)
@@ -187,7 +189,7 @@ def tune(
     return job.result(best, study, search.trials_run + job.probes_run, exhausted)
 
 
-def _resolve(
+def resolve(
     spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any, worker: str, stop: Any = None
 ) -> _Job:
     """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``."""
@@ -300,10 +302,10 @@ def _probe(store: Store, workload: Workload, lease: Lease, run: Any, reporter: R
     try:
         result: TrialResult = run(lease.batch_size, "none", poll=reporter.trial_progress, probe=True)
     except StopRequested:
-        retrying(lambda: store.release(lease.id, "released by a stopping worker"))
+        store.release(lease.id, "released by a stopping worker")
         raise
     except BaseException:
-        retrying(lambda: store.end_lease(lease.id, "failed", "interrupted"))
+        store.end_lease(lease.id, "failed", "interrupted")
         raise
     if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT):
         error = (result.error or "").strip().splitlines()
@@ -326,9 +328,7 @@ def _savings(probe_data: dict[str, Any] | None, space: SearchSpace) -> dict[str,
     return {plan: probe.saving_per_sample(probe_data, plan) for plan in space.plans if plan != "none"}
 
 
-def _open_study(
-    store: Store, row: StudyRow, seed: int | None, workload: Workload, limit: int
-) -> optuna.Study:
+def open_study(store: Store, row: StudyRow, seed: int | None, workload: Workload, limit: int) -> optuna.Study:
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
     existing = store.study(row.study_name)
     if existing is not None and existing.study_key != row.study_key:
@@ -408,11 +408,8 @@ def verify_step(search: Search, run_long: Any) -> tuple[Step, BestRow | None]:
     store, study, limit, name = search.store, search.study, search.limit, search.name
     if (stored := store.best(name)) is not None:
         return Step.FINISHED, stored
+    search.recover()  # verify leases of dead workers too: failed, queued once more
     leases = store.leases(name, kinds=("verify",))
-    for other in leases:
-        why = search.watch.dead(other) if other.state == "running" and other.worker != search.worker else None
-        if why is not None and store.fail_if_silent(other.id, other.beats, why):
-            search._after_failure(other, why)
     lease = store.take_queued(name, search.worker, search.device, kinds=("verify",))
     if lease is None:
         if any(x.state in ("running", "queued") for x in store.leases(name, kinds=("verify",))):
@@ -456,10 +453,10 @@ def _verify_lease(search: Search, lease: Lease, run_long: Any) -> BestRow | None
             lease.batch_size, lease.plan, poll=reporter.trial_progress, interruptible=search.shield.allow
         )
     except StopRequested:
-        search._release(lease, trial.number)
+        search.release(lease, trial.number)
         raise
     except KeyboardInterrupt:  # a verification is not retried here: the next run verifies again
-        search._fail_trial(trial.number, "interrupted")
+        search.fail_trial(trial.number, "interrupted")
         store.forget_lease(lease.id)
         raise
     tell_result(study, trial, result, limit)
@@ -475,11 +472,11 @@ def _verify_lease(search: Search, lease: Lease, run_long: Any) -> BestRow | None
             result.peak_bytes,
             result.samples_per_sec,
         )
-        retrying(lambda: store.save_best(best))
-        retrying(lambda: store.set_job_state(study.study_name, "done"))
-        retrying(lambda: store.end_lease(lease.id, "done"))
+        store.save_best(best)
+        store.set_job_state(study.study_name, "done")
+        store.end_lease(lease.id, "done")
         return best
-    retrying(lambda: store.end_lease(lease.id, "failed", f"verification {result.outcome.value}"))
+    store.end_lease(lease.id, "failed", f"verification {result.outcome.value}")
     reporter.note(
         f"trial {candidate.number} failed verification ({result.outcome.value}, peak "
         f"{format_bytes(result.peak_bytes)}); trying the next configuration"

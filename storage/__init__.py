@@ -5,7 +5,6 @@ open the database unchanged. autotune's tables (schema.py, migrated with Alembic
 workload's fingerprint to its studies and each study to its verified best plan.
 """
 
-from autotune.storage.database import retrying
 from autotune.storage.store import BestRow, JobRow, Lease, Store, StudyRow, open_store
 
-__all__ = ["BestRow", "JobRow", "Lease", "Store", "StudyRow", "open_store", "retrying"]
+__all__ = ["BestRow", "JobRow", "Lease", "Store", "StudyRow", "open_store"]

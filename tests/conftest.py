@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.command import TrialCommand
@@ -171,3 +173,30 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0) -> None:
     while not condition():
         assert time.monotonic() < end, "timed out waiting"
         time.sleep(0.1)
+
+
+def stored_trials(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    """The trials of ``study`` as Optuna itself reads them (none before the study exists)."""
+    url = storage.replace("postgresql://", "postgresql+psycopg://")
+    try:
+        return optuna.load_study(study_name=study, storage=url).get_trials()
+    except KeyError:
+        return []
+
+
+def trial_pids(cache: Path, started_by: int | None = None) -> list[int]:
+    """Live trial processes whose request lies under ``cache`` (from /proc, not kill -0); with
+    ``started_by``, only those of that tuner or worker (trial folders are named <time>-<pid>-<n>)."""
+    pattern = rb"AUTOTUNE_TRIAL_REQUEST=" + re.escape(str(cache).encode()) + rb"/trials/"
+    if started_by is not None:
+        pattern += rb"[^/]*-%d-" % started_by
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if re.search(pattern, environ) and alive(int(entry)):
+                pids.append(int(entry))
+    return pids

@@ -17,7 +17,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from conftest import SYNTHETIC, alive, wait_for
+from conftest import SYNTHETIC, stored_trials, trial_pids, wait_for
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25 --plan-effects B=0.25:0.1"
@@ -55,33 +55,6 @@ def worker(storage: str, cache: Path, host: str | None = None, once: bool = True
     )
 
 
-def trials_of(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
-    url = storage.replace("postgresql://", "postgresql+psycopg://")
-    try:
-        return optuna.load_study(study_name=study, storage=url).get_trials()
-    except KeyError:
-        return []
-
-
-def trial_pids_of(cache: Path, worker_pid: int) -> list[int]:
-    """Live trial processes started by ``worker_pid`` (trial folders are named <time>-<pid>-<n>)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if re.search(
-                rb"AUTOTUNE_TRIAL_REQUEST="
-                + re.escape(str(cache).encode())
-                + rb"/trials/[^/]*-%d-" % worker_pid,
-                environ,
-            ):
-                pids.append(int(entry))
-    return [pid for pid in pids if alive(pid)]
-
-
 def measured(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
     return [t for t in trials if t.user_attrs.get("kind") == "measured"]
 
@@ -99,7 +72,7 @@ def job_state(storage: str, study: str) -> str:
 def assert_finished_cleanly(storage: str, study: str, trials: int) -> list[optuna.trial.FrozenTrial]:
     """The job is done: `trials` distinct configurations measured, nothing RUNNING or WAITING, one
     verification, and `autotune best` answers with the verified winner."""
-    found = trials_of(storage, study)
+    found = stored_trials(storage, study)
     assert [t.number for t in found if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     counted = [t for t in measured(found) if t.state == TrialState.COMPLETE]
     configs = [(t.params["batch_size"], t.params["plan"]) for t in counted]
@@ -140,22 +113,22 @@ def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage
     def doomed_is_measuring():
         return [
             t
-            for t in measured(trials_of(storage, "faults"))
+            for t in measured(stored_trials(storage, "faults"))
             if t.state == TrialState.RUNNING and t.user_attrs.get("worker", "").startswith("simulated-host:")
         ]
 
-    wait_for(lambda: doomed_is_measuring() and trial_pids_of(tmp_path, doomed.pid))
+    wait_for(lambda: doomed_is_measuring() and trial_pids(tmp_path, doomed.pid))
     killed = doomed_is_measuring()[0]
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
     time.sleep(1.0)
-    assert trial_pids_of(tmp_path, doomed.pid) == []  # its trial died with it (PDEATHSIG)
+    assert trial_pids(tmp_path, doomed.pid) == []  # its trial died with it (PDEATHSIG)
 
     late = worker(storage, tmp_path)
     outputs = [w.communicate(timeout=300) for w in (steady, late)]
     assert [steady.returncode, late.returncode] == [0, 0], outputs
 
-    found = trials_of(storage, "faults")
+    found = stored_trials(storage, "faults")
     assert found[killed.number].state == TrialState.FAIL
     assert re.fullmatch(
         r"worker simulated-host:\d+:\d+ stopped heartbeating for 3s; retried once",
@@ -175,17 +148,17 @@ def test_sigterm_stops_a_worker_cleanly_and_another_finishes_its_trial(tmp_path,
     first = worker(storage, tmp_path)
     wait_for(
         lambda: (
-            [t for t in measured(trials_of(storage, "stopped")) if t.state == TrialState.RUNNING]
-            and trial_pids_of(tmp_path, first.pid)
+            [t for t in measured(stored_trials(storage, "stopped")) if t.state == TrialState.RUNNING]
+            and trial_pids(tmp_path, first.pid)
         )
     )
-    stopped = next(t for t in measured(trials_of(storage, "stopped")) if t.state == TrialState.RUNNING)
+    stopped = next(t for t in measured(stored_trials(storage, "stopped")) if t.state == TrialState.RUNNING)
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     assert "stopping (SIGTERM)" in err and "stopped" in err.splitlines()[-1]
-    assert trial_pids_of(tmp_path, first.pid) == []
-    found = trials_of(storage, "stopped")
+    assert trial_pids(tmp_path, first.pid) == []
+    found = stored_trials(storage, "stopped")
     assert [t.number for t in found if t.state == TrialState.RUNNING] == []
     assert found[stopped.number].user_attrs["note"] == "released: its worker was stopped"
     assert job_state(storage, "stopped") == "running"
@@ -203,7 +176,8 @@ def test_an_outside_lock_held_for_twice_the_busy_timeout_loses_nothing(tmp_path,
     proc = worker(storage, tmp_path, AUTOTUNE_BUSY_TIMEOUT="2")
     wait_for(
         lambda: (
-            len([t for t in measured(trials_of(storage, "locked")) if t.state == TrialState.COMPLETE]) >= 2
+            len([t for t in measured(stored_trials(storage, "locked")) if t.state == TrialState.COMPLETE])
+            >= 2
         )
     )
     if storage.startswith("sqlite"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -16,7 +15,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from conftest import SYNTHETIC, alive, wait_for
+from conftest import SYNTHETIC, alive, stored_trials, trial_pids, wait_for
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 SLOW = [
@@ -47,25 +46,7 @@ def tuner(cache: Path, study: str, trials: int, storage: str | None = None) -> s
 
 
 def trials_of(cache: Path, study: str, storage: str | None = None) -> list[optuna.trial.FrozenTrial]:
-    url = (storage or f"sqlite:///{cache / 'autotune.db'}").replace("postgresql://", "postgresql+psycopg://")
-    try:
-        return optuna.load_study(study_name=study, storage=url).get_trials()
-    except KeyError:
-        return []
-
-
-def running_trial_pids(cache: Path) -> list[int]:
-    """PIDs of trial processes (the harness) whose command line names this cache dir's trial files."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if str(cache).encode() in environ and b"AUTOTUNE_TRIAL_REQUEST" in environ:
-                pids.append(int(entry))
-    return pids
+    return stored_trials(storage or f"sqlite:///{cache / 'autotune.db'}", study)
 
 
 def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
@@ -106,12 +87,12 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["verified"] is False
 
-    wait_for(lambda: measuring() and running_trial_pids(tmp_path))
+    wait_for(lambda: measuring() and trial_pids(tmp_path))
     interrupted = measuring()[0]
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(1.0)
-    assert [pid for pid in running_trial_pids(tmp_path) if alive(pid)] == []
+    assert [pid for pid in trial_pids(tmp_path) if alive(pid)] == []
 
     second = tuner(tmp_path, "resume", trials=5, storage=storage)
     _, err = second.communicate(timeout=300)
@@ -144,7 +125,7 @@ def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "Interrupted: the running trial was stopped." in err
-    assert running_trial_pids(tmp_path) == []
+    assert trial_pids(tmp_path) == []
     trials = trials_of(tmp_path, "interrupt")
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     failed = [t for t in trials if t.state == TrialState.FAIL]
