@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,ort]'
 	touch $@
 
 venv: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -17,7 +18,7 @@ from autotune.errors import InputError, NoFitError
 from autotune.fingerprint import workload_of
 from autotune.paths import cache_dir, default_storage_url
 from autotune.probe import saving_per_sample
-from autotune.protocol import BATCH_SIZE_ENV, PLAN_ENV
+from autotune.protocol import BACKEND_ENV, BATCH_SIZE_ENV, PLAN_ENV
 from autotune.records import TrialRecord
 from autotune.search import best_record, model_of, records_of
 from autotune.storage import Store, StudyRow, open_store
@@ -36,10 +37,27 @@ class BestAnswer:
     budget_bytes: int
     verified: bool
     source: str  # where the answer comes from, for humans
+    backend: str = "torch"
+    fingerprint: str = ""  # the workload's
+    cache: str = ""  # autotune's cache dir, where an ORT plan's files live
 
     def env(self) -> dict[str, str]:
-        """What a script needs to train with this configuration outside autotune."""
-        return {BATCH_SIZE_ENV: str(self.batch_size), PLAN_ENV: self.plan}
+        """What a script needs to train with this configuration outside autotune. For the ORT backend also
+        ORT's own variables: the plan as ORTMODULE_MEMORY_OPT_CONFIG's file (written under the cache dir),
+        the fallback policy and the workload's export cache; the script calls ``autotune.prepare(model)``."""
+        env = {BATCH_SIZE_ENV: str(self.batch_size), PLAN_ENV: self.plan}
+        if self.backend == "ort":
+            from autotune import ort_plans
+
+            cache = Path(self.cache)
+            plan_file = cache / "ort-plans" / f"{self.study}.json"
+            env[BACKEND_ENV] = "ort"
+            env.update(
+                ort_plans.user_environment(
+                    ort_plans.parse_ort_plan(self.plan), plan_file, cache, self.fingerprint
+                )
+            )
+        return env
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "env": self.env()}
@@ -81,6 +99,7 @@ def best(
     device: str = "auto",
     environ: Mapping[str, str] | None = None,
     backend: str = "torch",
+    cache: Path | None = None,
 ) -> BestAnswer:
     """The best stored plan: of ``study``, of ``command`` (at ``budget``), or the most recent one.
 
@@ -90,7 +109,29 @@ def best(
     Raises:
         InputError: no such study or workload. NoFitError: nothing stored fits.
     """
-    env = dict(os.environ if environ is None else environ)
+    answer = _best(
+        store, command, budget, study, device, dict(os.environ if environ is None else environ), backend
+    )
+    row = store.study(answer.study)
+    workload = store.workload(row.fingerprint) if row is not None else None
+    details = (workload or {}).get("details") or {}
+    return dataclasses.replace(
+        answer,
+        backend=details.get("backend", "torch"),
+        fingerprint=row.fingerprint if row is not None else "",
+        cache=str(cache_dir(cache)),
+    )
+
+
+def _best(
+    store: Store,
+    command: TrialCommand | None,
+    budget: Budget | None,
+    study: str | None,
+    device: str,
+    env: dict[str, str],
+    backend: str,
+) -> BestAnswer:
     if study is not None:
         row = store.study(study)
         if row is None:

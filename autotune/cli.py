@@ -16,7 +16,7 @@ import click
 
 from autotune.budget import parse_budget
 from autotune.errors import AutotuneError, InputError
-from autotune.plans import parse_plan
+from autotune.plans import parse_backend_plan
 
 EXIT_INTERRUPTED = 130
 
@@ -67,7 +67,12 @@ def trial_options(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Warm-up steps per trial (not timed).",
         ),
-        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+        click.option(
+            "--device",
+            default="auto",
+            show_default=True,
+            help="auto (run: every visible GPU, one trial at a time each; else the CPU), cpu, cuda or cuda:N.",
+        ),
         click.option(
             "--timeout", type=float, default=900, show_default=True, help="Seconds one trial may run."
         ),
@@ -105,6 +110,14 @@ def storage_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
+BACKEND = click.option(
+    "--backend",
+    type=click.Choice(["torch", "ort"]),
+    default="torch",
+    show_default=True,
+    help="Recompute backend: torch (checkpointing), or ort (ONNX Runtime's ORTModule memory optimizer; "
+    "pip install 'autotune[ort]').",
+)
 
 
 @cli.command()
@@ -117,11 +130,13 @@ COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 )
 @click.option("--budget", help="Also say whether the peak fits this budget (40GB, 40GiB, 90%, ...).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@BACKEND
 @trial_options
 def measure(
     command: tuple[str, ...],
     batch_size: int,
     plan: str,
+    backend: str,
     budget: str | None,
     as_json: bool,
     steps: int,
@@ -145,10 +160,11 @@ def measure(
     spec = MeasureSpec(
         command=TrialCommand.parse(command),
         batch_size=batch_size,
-        plan=parse_plan(plan),
+        plan=parse_backend_plan(plan, backend),
         device=device,
         settings=TrialSettings(warmup_steps, steps, startup_timeout, timeout),
         cache_dir=cache_dir,
+        backend=backend,
     )
     result = run_measure(spec, os.environ)
     budget_bytes = parsed_budget.resolve(_device_total(result.device)) if parsed_budget else None
@@ -196,6 +212,7 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
         click.option("--study", help="Study name (default: derived from the script and the search)."),
         click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
+        BACKEND,
         click.option(
             "--storage",
             envvar="AUTOTUNE_STORAGE",
@@ -219,7 +236,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         budget=parse_budget(options["budget"]),
         trials=options["trials"],
         batch_sizes=parse_batch_sizes(options["batch_sizes"]),
-        plans=parse_plan_list(options["plans"]) if options["plans"] else None,
+        plans=parse_plan_list(options["plans"], options["backend"]) if options["plans"] else None,
         settings=TrialSettings(
             options["warmup_steps"], options["steps"], options["startup_timeout"], options["timeout"]
         ),
@@ -230,6 +247,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         storage=options["storage"],
         study=options["study"],
         force=options["force"],
+        backend=options["backend"],
     )
 
 
@@ -331,10 +349,12 @@ def worker(
     type=click.Path(path_type=Path),
     help="Where trial logs go (default: the user cache dir).",
 )
+@BACKEND
 def probe(
     command: tuple[str, ...],
     batch_size: int,
     as_json: bool,
+    backend: str,
     device: str,
     timeout: float,
     cache_dir: Path | None,
@@ -355,6 +375,7 @@ def probe(
         device=device,
         settings=TrialSettings(1, 3, timeout, timeout),
         cache_dir=cache_dir,
+        backend=backend,
     )
     result = run_measure(spec, os.environ, probe=True)
     render.probed(render.console(), result, as_json)
@@ -372,12 +393,14 @@ def probe(
 @click.option(
     "--env", "as_env", is_flag=True, help="Print shell exports to train with the plan outside autotune."
 )
+@BACKEND
 @storage_options
 def best(
     command: tuple[str, ...],
     budget: str | None,
     study: str | None,
     device: str,
+    backend: str,
     as_json: bool,
     as_env: bool,
     storage: str | None,
@@ -400,6 +423,8 @@ def best(
         study,
         device,
         os.environ,
+        backend,
+        cache_dir,
     )
     render.best(render.console(), answer, as_json, as_env)
 

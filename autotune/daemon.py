@@ -60,10 +60,10 @@ def submit(spec: TuneSpec) -> JobRow:
     return stored
 
 
-def parse_devices(text: str, environ: Mapping[str, str]) -> list[str]:
+def parse_devices(text: str, environ: Mapping[str, str], nvml: Any = None) -> list[str]:
     """``--devices``: ``auto`` (every GPU NVML sees, else the CPU), ``cpu``, or indices ``0,1,…``."""
     if text == "auto":
-        count = _gpu_count(environ)
+        count = gpu_count(environ, nvml)
         return [f"cuda:{i}" for i in range(count)] if count else ["cpu"]
     devices = []
     for part in text.split(","):
@@ -79,11 +79,13 @@ def parse_devices(text: str, environ: Mapping[str, str]) -> list[str]:
     return devices
 
 
-def _gpu_count(environ: Mapping[str, str]) -> int:
+def gpu_count(environ: Mapping[str, str], nvml: Any = None) -> int:
+    """The GPUs visible here (CUDA_VISIBLE_DEVICES respected); 0 without NVML. ``nvml``: a loaded module
+    (tests pass a fake); None loads pynvml."""
     from autotune.nvml import load_nvml
 
     try:
-        nvml = load_nvml()
+        nvml = nvml or load_nvml()
     except Exception:
         return 0
     visible = environ.get("CUDA_VISIBLE_DEVICES")
@@ -143,8 +145,9 @@ class JobWork:
         reporter: LineReporter,
         worker: str,
         stop: threading.Event,
+        nvml: Any = None,
     ) -> None:
-        self.job, self.store, self.device, self.environ = job, store, device, environ
+        self.job, self.store, self.device, self.environ, self.nvml = job, store, device, environ, nvml
         self.reporter, self.worker, self.stop = reporter, worker, stop
         self.spec = spec_of(job, storage_url, cache, device)
         self.search: Search | None = None
@@ -161,7 +164,9 @@ class JobWork:
         from autotune.tuning import open_study, resolve, verify_step
 
         if self.search is None:
-            job = resolve(self.spec, self.environ, self.reporter, None, self.worker, self.stop)
+            job = resolve(
+                self.spec, self.environ, self.reporter, self.nvml, self.worker, self.stop, self.store
+            )
             self.trials += job.probes_run
             try:
                 study = open_study(job.store, job.study_row, self.spec.seed, job.workload, job.limit)
@@ -199,6 +204,7 @@ class Worker:
         once: bool = False,
         jobs: tuple[str, ...] | None = None,
         out: TextIO | None = None,
+        nvml: Any = None,
     ) -> None:
         self.storage_url = storage_url
         self.store = open_store(storage_url)
@@ -208,6 +214,7 @@ class Worker:
         self.once = once
         self.only = jobs
         self.out = out or sys.stderr
+        self.nvml = nvml  # a loaded NVML module (tests: a fake); None: pynvml, loaded where needed
         self.worker = worker_id()
         self.stop = threading.Event()
         self.summary = WorkerSummary()
@@ -269,6 +276,9 @@ class Worker:
                 ]
                 if not jobs and self.once:
                     return
+                open_names = {j.study_name for j in jobs}
+                for name in [n for n in works if n not in open_names]:
+                    del works[name]  # done or failed elsewhere: its study cache goes with it
                 step = self._work_on(jobs, works, device, reporter)
                 if step in (Step.RAN, Step.MISSED):
                     continue
@@ -297,6 +307,7 @@ class Worker:
                         reporter,
                         self.worker,
                         self.stop,
+                        self.nvml,
                     )
                 work = works[name]
                 before = work.trials
@@ -304,11 +315,13 @@ class Worker:
                 with self._lock:
                     self.summary.trials += work.trials - before
             except JobRefused as e:
+                works.pop(name, None)
                 with self._lock:
                     self.summary.refused[name] = str(e)
                 reporter.note(f"refusing job {name}: {e}")
                 continue
             except (ScriptError, NoFitError) as e:
+                works.pop(name, None)
                 error = str(e)
                 self.store.set_job_state(name, "failed", error)
                 with self._lock:
@@ -316,6 +329,7 @@ class Worker:
                 reporter.note(f"job {name} failed: {str(e).splitlines()[0]}")
                 continue
             if step is Step.FINISHED:
+                del works[name]  # a long-lived worker keeps only its open jobs' state (Optuna's study cache)
                 self.store.set_job_state(name, "done")
                 with self._lock:
                     if name not in self.summary.jobs_done:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -99,6 +100,19 @@ def _postgres() -> Check:
     return missing or Check("PostgreSQL driver", True, f"psycopg {importlib.metadata.version('psycopg')}")
 
 
+_ORT_PROBE = """
+import sys
+from autotune.backends.ort import SUPPORTED_VERSION, OrtUnavailable, extension_build_dir, wrap
+try:
+    import torch
+    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)))
+    model(torch.randn(4, 8)).sum().backward()
+except OrtUnavailable as e:
+    sys.exit(str(e))
+print(f"onnxruntime-training {SUPPORTED_VERSION}, ORTModule trains here (extension in {extension_build_dir()})")
+"""
+
+
 def _ort() -> Check:
     missing = _not_installed(
         "ONNX Runtime backend",
@@ -107,12 +121,30 @@ def _ort() -> Check:
         "--backend ort (deprecated upstream)",
         "ort",
     )
-    version = importlib.metadata.version("onnxruntime-training") if missing is None else ""
-    return missing or Check(
-        "ONNX Runtime backend",
-        False,
-        f"onnxruntime-training {version} is installed; autotune's ORT backend is not built yet",
+    if missing is not None:
+        return missing
+    env = {
+        **os.environ,
+        "ORTMODULE_FALLBACK_POLICY": "FALLBACK_DISABLE",
+        "ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _ORT_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(
+            "ONNX Runtime backend",
+            False,
+            last,
+            "supported: onnxruntime-training 1.19.2 with a C++ compiler and the Python headers for its "
+            "extension (pip install 'autotune[ort]')",
+        )
+    return Check("ONNX Runtime backend", True, proc.stdout.strip().splitlines()[-1])
 
 
 def _not_installed(name: str, module: str, distribution: str, purpose: str, extra: str) -> Check | None:

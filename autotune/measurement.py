@@ -51,7 +51,7 @@ class MeasureSpec:
 
     command: TrialCommand
     batch_size: int
-    plan: Plan = field(default_factory=Plan.none)
+    plan: Any = field(default_factory=Plan.none)  # a Plan, or for backend "ort" an ort_plans.OrtPlan
     device: str = "auto"
     settings: TrialSettings = field(default_factory=TrialSettings)
     cache_dir: Path | None = None
@@ -127,7 +127,7 @@ def measure(
 def run_trial(
     command: TrialCommand,
     batch_size: int,
-    plan: Plan,
+    plan: Any,  # Plan or OrtPlan: sent as its string form
     device: Device,
     meter: MemoryMeter,
     settings: TrialSettings,
@@ -163,6 +163,13 @@ def run_trial(
         PLAN_ENV: str(plan),
         "PYTHONUNBUFFERED": "1",
     }
+    if backend == "ort":
+        from autotune.fingerprint import workload_of
+        from autotune.ort_plans import ensure_extension, parse_ort_plan, trial_environment
+
+        ensure_extension(environ)  # built outside any measured trial: a compiler is no trial's memory
+        fingerprint = workload_of(command, device, backend).fingerprint
+        child_env.update(trial_environment(parse_ort_plan(str(plan)), workdir, root, fingerprint))
     launch = Launch(
         argv=tuple(command.argv(batch_size)),
         env=command.env(child_env),

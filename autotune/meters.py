@@ -63,6 +63,8 @@ class _Sampler:
         self._thread: threading.Thread | None = None
 
     def start_sampling(self) -> None:
+        self._done = threading.Event()  # a meter measures one trial after another: nothing carries over
+        self.samples = 0
         self._thread = threading.Thread(target=self._run, name="autotune-meter", daemon=True)
         self._thread.start()
 
@@ -92,7 +94,7 @@ class RssMeter(_Sampler):
         self._processes = 0
 
     def start(self, root_pid: int) -> None:
-        self._root = root_pid
+        self._root, self._peak, self._processes = root_pid, 0, 0
         self.start_sampling()
 
     def sample(self) -> None:
@@ -135,7 +137,8 @@ class NvmlMeter(_Sampler):
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle, version=self._nvml.nvmlMemory_v2).used)
 
     def start(self, root_pid: int) -> None:
-        self._root = root_pid
+        self._root, self._peak = root_pid, 0
+        self._trial_pids, self._foreign_pids = set(), set()
         self._baseline = self._used()
         self.start_sampling()
 

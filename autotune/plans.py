@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.errors import InputError
 
@@ -131,6 +132,24 @@ def parse_plan(text: str) -> Plan:
             raise InputError(f"invalid plan {text!r}: class {name} named twice")
         rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, _parse_policy(policy_text, text))
     return Plan(rules=tuple(sorted(rules.values())))
+
+
+BACKENDS = ("torch", "ort")
+
+
+def parse_backend_plan(text: str, backend: str) -> Any:
+    """A plan of ``backend``: :class:`Plan` for torch, ``autotune.ort_plans.OrtPlan`` for ort.
+
+    Raises:
+        InputError: a bad plan, or an unknown backend.
+    """
+    if backend == "torch":
+        return parse_plan(text)
+    if backend == "ort":
+        from autotune.ort_plans import parse_ort_plan
+
+        return parse_ort_plan(text)
+    raise InputError(f"unknown backend {backend!r}: expected {' or '.join(BACKENDS)}")
 
 
 def _parse_policy(text: str, plan: str) -> OpPolicy | None:

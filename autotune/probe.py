@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import ort_plans
 from autotune.plans import OP_KINDS, ModuleRule, OpPolicy, Plan, parse_plan
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
@@ -35,7 +36,7 @@ class ProbeRow:
     frequency: int  # instances it applies to
     saving_bytes: int  # predicted, at the probed batch size
     saving_per_sample: float
-    forward_share: float  # share of the forward pass that would be recomputed
+    forward_share: float | None  # share of the forward pass that would be recomputed (None: not measured)
     detail: str = ""
 
 
@@ -78,11 +79,27 @@ def _chosen(data: dict[str, Any], plan: Plan) -> dict[str, ModuleRule]:
 
 
 def saving_per_sample(data: dict[str, Any], plan: str) -> float:
+    if ort_plans.is_ort_probe(data):
+        return ort_plans.saving_per_sample(data, plan)
     return predicted_saving(data, parse_plan(plan)) / data["batch_size"]
 
 
 def rows(data: dict[str, Any]) -> list[ProbeRow]:
-    """Module rows (each repeated class in full), then operator rows inside the outermost regions."""
+    """Module rows (each repeated class in full), then operator rows inside the outermost regions; for an
+    ORT probe, ORT's own recompute plans (its table: plan, frequency, bytes saved at the probed batch)."""
+    if ort_plans.is_ort_probe(data):
+        return [
+            ProbeRow(
+                "ort",
+                p["plan"],
+                p["freq"],
+                int(p["saving_bytes"]),
+                p["saving_bytes"] / data["batch_size"],
+                None,
+                p["symbolic"],
+            )
+            for p in sorted(data["plans"], key=lambda p: -p["saving_bytes"])
+        ]
     out = []
     forward = data["forward_seconds"] or 1e-9
     for c in data["candidates"]:
@@ -131,6 +148,8 @@ def rows(data: dict[str, Any]) -> list[ProbeRow]:
 
 def summary(data: dict[str, Any]) -> dict[str, int | float | None]:
     """Fixed memory and the activation total."""
+    if ort_plans.is_ort_probe(data):
+        return {"weights_bytes": data.get("weights_bytes"), "ort_plans": len(data["plans"])}
     return {
         "weights_bytes": data["weights_bytes"],
         "gradients_bytes": data["gradients_bytes"],
@@ -142,6 +161,8 @@ def summary(data: dict[str, Any]) -> dict[str, int | float | None]:
 
 def operator_plans(data: dict[str, Any]) -> tuple[str, ...]:
     """The operator-level plans worth searching: the selective policy per outermost region."""
+    if ort_plans.is_ort_probe(data):
+        return ()
     return tuple(f"{c['cls']}:1/{SELECTIVE}" for c in data["candidates"] if c["outermost"])
 
 

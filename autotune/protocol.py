@@ -18,6 +18,7 @@ from typing import Any
 REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
 BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
 PLAN_ENV = "AUTOTUNE_PLAN"
+BACKEND_ENV = "AUTOTUNE_BACKEND"  # outside a trial: the backend prepare() applies AUTOTUNE_PLAN with
 
 EXIT_COMPLETE = 0  # warm-up + measured steps done, report written
 EXIT_OOM = 75  # CUDA out of memory, or the CPU allocator refused

@@ -372,6 +372,22 @@ def probed(out: Console, result: Any, as_json_flag: bool) -> None:
         )
         return
     fixed = probe.summary(data)
+    if data.get("backend") == "ort":
+        out.print(
+            f"ONNX Runtime: {len(table_rows)} recompute plan(s) from ORTModule's memory optimizer "
+            f"(savings at batch {data['batch_size']}); peak {format_bytes(result.peak_bytes)} "
+            f"({result.memory_method}, probe trial)",
+            markup=False,
+        )
+    else:
+        _torch_probe_header(out, data, fixed, result)
+    if not table_rows:
+        out.print("no repeated modules found: only the plan none applies to this model", markup=False)
+        return
+    _probe_table(out, data, table_rows)
+
+
+def _torch_probe_header(out: Console, data: dict[str, Any], fixed: dict[str, Any], result: Any) -> None:
     state = fixed["optimizer_state_bytes"]
     out.print(
         key_values(
@@ -391,9 +407,9 @@ def probed(out: Console, result: Any, as_json_flag: bool) -> None:
         ),
         markup=False,
     )
-    if not table_rows:
-        out.print("no repeated modules found: only the plan none applies to this model", markup=False)
-        return
+
+
+def _probe_table(out: Console, data: dict[str, Any], table_rows: list[Any]) -> None:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in (
         "level",
@@ -417,7 +433,7 @@ def probed(out: Console, result: Any, as_json_flag: bool) -> None:
             str(row.frequency),
             _signed_bytes(row.saving_bytes),
             _signed_bytes(row.saving_per_sample),
-            f"{row.forward_share:.0%} of fwd",
+            f"{row.forward_share:.0%} of fwd" if row.forward_share is not None else "-",
             row.detail,
         )
     out.print(table)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.plans import parse_plan
+from autotune.plans import parse_backend_plan, parse_plan
 
 DEFAULT_MAX_BATCH = 65536
 RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated class
@@ -64,13 +64,13 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...]:
     )
 
 
-def parse_plan_list(texts: Sequence[str]) -> tuple[str, ...]:
+def parse_plan_list(texts: Sequence[str], backend: str = "torch") -> tuple[str, ...]:
     """Plans given with ``--plans`` (separated by ';' or given several times), canonical and deduplicated."""
     plans: list[str] = []
     for text in texts:
         for part in text.split(";"):
             if part.strip():
-                plan = str(parse_plan(part))
+                plan = str(parse_backend_plan(part, backend))
                 if plan not in plans:
                     plans.append(plan)
     if not plans:
@@ -95,6 +95,14 @@ def build_space(
     plans: tuple[str, ...] | None,
     candidates: Sequence[dict[str, Any]],
     operator_plans: Sequence[str] = (),
+    probe_data: dict[str, Any] | None = None,
 ) -> SearchSpace:
-    """The user's plans, or the module-level defaults with the probe's operator-level plans."""
-    return SearchSpace(batch_sizes, plans if plans else default_plans(candidates, operator_plans))
+    """The user's plans, or the defaults: for torch the module-level plans with the probe's operator-level
+    ones, for ORT (an ORT probe) ORT's own plans with the largest savings and its levels."""
+    from autotune import ort_plans
+
+    if plans:
+        return SearchSpace(batch_sizes, plans)
+    if ort_plans.is_ort_probe(probe_data):
+        return SearchSpace(batch_sizes, ort_plans.default_plans(probe_data))
+    return SearchSpace(batch_sizes, default_plans(candidates, operator_plans))

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from autotune.errors import InputError
 from autotune.plans import parse_plan
 from autotune.protocol import (
+    BACKEND_ENV,
     BATCH_SIZE_ENV,
     EXIT_COMPLETE,
     EXIT_FAILED,
@@ -166,8 +167,13 @@ def batch_size(default: int | None = None) -> int:
 
 
 def prepare(model: M) -> M:
-    """Apply the recompute plan (the trial's, else ``$AUTOTUNE_PLAN``) to ``model`` in place and return it."""
+    """Apply the recompute plan (the trial's, else ``$AUTOTUNE_PLAN``) to ``model`` and return it: in place
+    for the torch backend; for the ORT backend (the trial's, else ``$AUTOTUNE_BACKEND=ort``) the model
+    wrapped in ORTModule, whose plan is in ORT's own environment variables."""
     trial = current()
+    backend = trial.request.backend if trial is not None else os.environ.get(BACKEND_ENV, "torch")
+    if backend == "ort":
+        return _prepare_ort(model, trial)
     plan = parse_plan(trial.request.plan if trial is not None else os.environ.get(PLAN_ENV, "none"))
     if plan.is_none and trial is None:
         return model  # outside a trial with no plan: not even torch is imported
@@ -188,6 +194,18 @@ def prepare(model: M) -> M:
     return model
 
 
+def _prepare_ort(model: M, trial: _Trial | None) -> M:
+    from autotune.backends.ort import OrtProbe, wrap
+
+    wrapped = wrap(model)
+    if trial is not None:
+        trial.candidates = []
+        trial.plan_applied = trial.request.plan
+        if trial.request.probe and trial.probe is None:
+            trial.probe = OrtProbe(wrapped, trial.request.batch_size)
+    return wrapped
+
+
 def step(samples: int | None = None) -> None:
     """Count one training step of ``samples`` samples (default: the batch size). A no-op outside a trial."""
     trial = current()
@@ -198,8 +216,15 @@ def step(samples: int | None = None) -> None:
 
 def install() -> None:
     """Hook the running trial into torch: count optimizer steps, apply the plan at the first forward."""
-    if current() is None:
+    trial = current()
+    if trial is None:
         return
+    if trial.request.backend == "ort":
+        # Before the script runs: a script that imports ORTModule itself needs the compatibility fixes
+        # in place before onnxruntime's first import (autotune.backends.ort).
+        from autotune.backends.ort import load_ortmodule
+
+        load_ortmodule()
     if "torch" in sys.modules:
         _install_torch_hooks(sys.modules["torch"])
     else:
@@ -231,8 +256,17 @@ def _install_torch_hooks(torch: Any) -> None:
 
     def on_first_forward(module: Any, args: object) -> None:
         handle.remove()
-        if trial.plan_applied is None:
+        if trial.plan_applied is not None:
+            return
+        if trial.request.backend != "ort":
             prepare(module)
+        elif type(module).__name__ == "ORTModule":
+            prepare(module)  # the script wrapped it itself: record the plan (and the probe)
+        else:  # a model ORT never sees would be measured as plain PyTorch
+            raise RuntimeError(
+                "--backend ort: the script's model runs without ORTModule; wrap it with "
+                "model = autotune.prepare(model) (or onnxruntime.training.ortmodule.ORTModule(model))"
+            )
 
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     module_module = importlib.import_module("torch.nn.modules.module")

@@ -13,14 +13,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 import optuna
 
@@ -37,7 +40,7 @@ from autotune.measurement import TrialResult, TrialSettings, run_trial
 from autotune.meters import MemoryMeter, make_meter
 from autotune.nvml import load_nvml
 from autotune.paths import cache_dir, default_storage_url
-from autotune.plans import parse_plan
+from autotune.plans import parse_backend_plan
 from autotune.protocol import Outcome
 from autotune.records import TrialRecord, constraint_mib
 from autotune.reporting import Reporter, SilentReporter
@@ -66,6 +69,9 @@ class TuneSpec:
     study: str | None = None
     force: bool = False
     backend: str = "torch"
+    # Devices that run trials of this job beside ``device``, in this process (daemon.Worker threads).
+    # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
+    helpers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -179,7 +185,9 @@ def tune(
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
-    with Heartbeat(job.store, worker), search.shield:
+    env = dict(os.environ if environ is None else environ)
+    helpers = _helper_devices(spec, job.device, env, nvml)
+    with Heartbeat(job.store, worker), search.shield, _helping(spec, name, helpers, env, reporter, nvml):
         try:
             exhausted = search.run()
             best = verify(search, partial(job.run, settings=spec.verify_settings))
@@ -189,13 +197,86 @@ def tune(
     return job.result(best, study, search.trials_run + job.probes_run, exhausted)
 
 
+def _helper_devices(spec: TuneSpec, device: Device, env: dict[str, str], nvml: Any) -> tuple[str, ...]:
+    """``spec.helpers``, or with ``--device auto`` on a GPU every other visible GPU."""
+    if spec.helpers is not None:
+        return spec.helpers
+    if spec.device.strip().lower() != "auto" or device.kind != "cuda":
+        return ()
+    from autotune.daemon import gpu_count
+
+    return tuple(f"cuda:{i}" for i in range(1, gpu_count(env, nvml)))
+
+
+@contextlib.contextmanager
+def _helping(
+    spec: TuneSpec, study: str, devices: tuple[str, ...], env: dict[str, str], reporter: Reporter, nvml: Any
+) -> Iterator[None]:
+    """Run this job's trials on ``devices`` too while the block runs: a ``daemon.Worker`` restricted to
+    the job, in a thread of this process, sharing the work through the leases like any other worker.
+    On leaving (done, error or Ctrl-C) its running trials are stopped and released."""
+    if not devices:
+        yield
+        return
+    from autotune.daemon import Worker
+
+    helper = Worker(
+        spec.storage or default_storage_url(cache_dir(spec.cache_dir)),
+        list(devices),
+        spec.cache_dir,
+        env,
+        once=True,
+        jobs=(study,),
+        out=cast(TextIO, _NoteStream(reporter)),
+        nvml=nvml,
+    )
+
+    def work() -> None:
+        try:
+            helper.run()
+        except Exception as e:  # a helper device that cannot work must not stop the run
+            reporter.note(f"helper devices {', '.join(devices)} stopped: {e}")
+
+    thread = threading.Thread(target=work, name="autotune-helpers")
+    thread.start()
+    try:
+        yield
+    finally:
+        helper.stop.set()
+        thread.join()
+
+
+class _NoteStream(io.TextIOBase):
+    """A text stream whose lines become ``reporter.note`` calls (the helpers' lines in ``run``'s output)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter, self.pending = reporter, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            if line.strip():
+                self.reporter.note(line)
+        return len(text)
+
+
 def resolve(
-    spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any, worker: str, stop: Any = None
+    spec: TuneSpec,
+    env: dict[str, str],
+    reporter: Reporter,
+    nvml: Any,
+    worker: str,
+    stop: Any = None,
+    store: Store | None = None,
 ) -> _Job:
-    """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``."""
+    """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``.
+
+    ``store``: the database already open on ``spec.storage`` (a worker's, shared by all its jobs: one
+    engine and connection pool per process, not one per job); opened here if None.
+    """
     device = resolve_device(spec.device, env, (lambda: nvml) if nvml is not None else load_nvml)
     budget = spec.budget.resolve(device.total_bytes)
-    store = open_store(spec.storage or default_storage_url(cache_dir(spec.cache_dir)))
+    store = store or open_store(spec.storage or default_storage_url(cache_dir(spec.cache_dir)))
     workload = workload_of(spec.command, device, spec.backend)
     store.add_workload(
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
@@ -208,8 +289,9 @@ def resolve(
     space = build_space(
         spec.batch_sizes,
         spec.plans,
-        probe_data["candidates"] if probe_data else [],
+        probe_data.get("candidates", []) if probe_data else [],
         probe.operator_plans(probe_data) if probe_data else (),
+        probe_data,
     )
     steps = (spec.settings.warmup_steps, spec.settings.measured_steps)
     key = study_key(workload, budget, spec.headroom, space.as_dict(), steps)
@@ -244,7 +326,7 @@ def _run_config(
     return run_trial(
         spec.command,
         batch,
-        parse_plan(plan),
+        parse_backend_plan(plan, spec.backend),
         device,
         meter,
         settings or spec.settings,
@@ -316,8 +398,11 @@ def _probe(store: Store, workload: Workload, lease: Lease, run: Any, reporter: R
     discovery = {"probe": result.probe, "outcome": result.outcome.value, "log_dir": result.log_dir}
     store.set_discovery(workload.fingerprint, result.candidates or [], discovery)
     store.end_lease(lease.id, "done")
-    classes = ", ".join(c["cls"] for c in result.candidates or []) or "none found"
-    reporter.note(f"probe: batch {lease.batch_size}: {result.outcome.value}; repeated modules: {classes}")
+    if result.probe and result.probe.get("backend") == "ort":
+        found = f"ORT recompute plans: {len(result.probe['plans'])}"
+    else:
+        found = "repeated modules: " + (", ".join(c["cls"] for c in result.candidates or []) or "none found")
+    reporter.note(f"probe: batch {lease.batch_size}: {result.outcome.value}; {found}")
     return discovery
 
 

@@ -1,10 +1,16 @@
-"""Worker soak: one `autotune worker` runs a job of N real subprocess trials (default 500) on SQLite;
-its open file descriptors, RSS and zombie children are sampled from outside as the trials land.
+"""Worker soak: one `autotune worker` runs N real subprocess trials (default 500) spread over J submitted
+jobs (default 20, each its own workload, 25 batch sizes x a few plans); its open file descriptors, RSS and
+zombie children are sampled from outside as the trials land.
 
-    .venv/bin/python bench/soak.py [TRIALS] [sqlite|postgresql://...]
+    .venv/bin/python bench/soak.py [TRIALS] [JOBS] [sqlite|postgresql://...]
 
 Prints the figures at 10% of the trials and at the end, and their ratios (RELIABILITY.md: stable
 within 5%). tests/test_daemon.py runs the same soak with fewer trials.
+
+Many jobs is a daemon's life, and what tells a leak (memory kept per trial or per job) from the data of
+the study being tuned: Optuna holds every trial of an open study in memory (its sampler reads them all),
+about 15 KiB of RSS a trial on this machine, so `bench/soak.py 500 1` (one 500-trial study) grows by
+~7% while its study is open; a worker drops a job's state when the job is done, so many jobs stay flat.
 """
 
 from __future__ import annotations
@@ -30,25 +36,22 @@ class Sample:
     zombies: int
 
 
-def soak(trials: int, cache: Path, storage: str | None = None) -> tuple[list[Sample], float, int]:
-    """Run the soak; the samples (one per new finished trial), the seconds it took and the worker's exit code."""
+def soak(
+    trials: int, cache: Path, storage: str | None = None, jobs: int = 20
+) -> tuple[list[Sample], float, int]:
+    """Run the soak: ``jobs`` submitted jobs (different workloads) of ``trials / jobs`` trials each.
+
+    Returns the samples (one per new finished trial), the seconds it took and the worker's exit code.
+    """
     storage = storage or f"sqlite:///{cache / 'autotune.db'}"
-    batches = ",".join(str(b) for b in range(1, trials + 2))
-    argv = [
-        AUTOTUNE,
-        "submit",
-        "--budget",
-        "2GiB",
-        "--trials",
-        str(trials),
-        "--study",
-        "soak",
-        "--plans",
-        "none",
-    ]
-    argv += ["--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1", "--storage", storage]
-    argv += [str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    per_job = -(-trials // jobs)
+    batches, plans = space_for(per_job)
+    for job in range(jobs):
+        argv = [AUTOTUNE, "submit", "--budget", "2GiB", "--trials", str(per_job), "--study", f"soak-{job}"]
+        argv += ["--plans", plans, "--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1"]
+        argv += ["--storage", storage, str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
+        argv += ["--step-seconds", f"{0.01 + job / 10000:.4f}"]  # a workload of its own: no warm start
+        subprocess.run(argv, check=True, capture_output=True, timeout=120)
     started = time.monotonic()
     worker = subprocess.Popen(
         [AUTOTUNE, "worker", "--once", "--devices", "cpu", "--storage", storage, "--cache-dir", str(cache)],
@@ -71,6 +74,13 @@ def soak(trials: int, cache: Path, storage: str | None = None) -> tuple[list[Sam
         time.sleep(0.05)
     worker.stderr.read()  # type: ignore[union-attr]
     return samples, time.monotonic() - started, worker.returncode
+
+
+def space_for(trials: int) -> tuple[str, str]:
+    """A search space of more than ``trials`` configurations shaped like a user's: 25 batch sizes x
+    enough plans (`none`, `L1`, `L2`, ...: the synthetic script ignores classes it has no effect for)."""
+    plans = ["none"] + [f"L{i}" for i in range(1, -(-(trials + 1) // 25) + 1)]
+    return ",".join(str(b) for b in range(1, 26)), ";".join(plans)
 
 
 def _sample(pid: int, trials: int) -> Sample | None:
@@ -99,12 +109,14 @@ def steady(samples: list[Sample], total: int) -> tuple[Sample, Sample]:
 
 def main() -> None:
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 500
-    storage = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "sqlite" else None
+    jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    storage = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "sqlite" else None
     with tempfile.TemporaryDirectory() as tmp:
-        samples, seconds, code = soak(trials, Path(tmp), storage)
+        samples, seconds, code = soak(trials, Path(tmp), storage, jobs)
     early, last = steady(samples, trials)
     print(
-        f"worker soak: {trials} trials in {seconds:.0f} s ({seconds / trials * 1000:.0f} ms a trial), exit {code}"
+        f"worker soak: {trials} trials in {jobs} job(s), {seconds:.0f} s "
+        f"({seconds / trials * 1000:.0f} ms a trial), exit {code}"
     )
     print(
         f"  at {early.trials:4d} trials: {early.fds} fds, RSS {early.rss_kib / 1024:.1f} MiB, {early.zombies} zombies"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -120,6 +121,10 @@ class Store:
         self.optuna = optuna_storage
         self.display_url = display_url
         self._engine: sa.Engine = optuna_storage.engine
+        # The lease key this thread last tried to insert, until the insert is answered: tells a retried
+        # insert (whose first try may have committed) from a first try. Per thread, because the device
+        # threads of one worker share its worker id: a sibling's lease is not ours.
+        self._inserting = threading.local()
 
     @contextmanager
     def _connect(self, write: bool = False) -> Iterator[sa.Connection]:
@@ -307,6 +312,9 @@ class Store:
             note=note,
             updated_at=_now(),
         )
+        key = (study, kind, batch, plan, attempt, worker)
+        retried = getattr(self._inserting, "key", None) == key
+        self._inserting.key = key
         try:
             with self._connect(write=True) as conn:
                 inserted = conn.execute(sa.insert(schema.leases).values(**values)).inserted_primary_key
@@ -314,10 +322,12 @@ class Store:
                 lease_id = inserted[0]
         except StorageError as e:
             if not isinstance(e.__cause__, sa.exc.IntegrityError):
-                raise
-            # Ours after all, if a retried insert had committed before its connection was lost.
-            mine = self.lease(study, kind, batch, plan, attempt)
+                raise  # transient: the caller's retry comes back here with ``retried`` set
+            self._inserting.key = None
+            # Ours after all, if this thread's earlier try committed before its connection was lost.
+            mine = self.lease(study, kind, batch, plan, attempt) if retried else None
             return mine if mine is not None and worker is not None and mine.worker == worker else None
+        self._inserting.key = None
         return Lease(id=lease_id, trial_number=None, **_without(values, "updated_at"))
 
     def take_queued(

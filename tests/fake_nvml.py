@@ -63,11 +63,13 @@ class FakeNvml:
         return handle.name
 
     def _declared(self, handle: FakeGpu) -> tuple[int | None, int]:
+        """What the trial process declared; nothing once it has exited (a real GPU frees its memory)."""
         try:
             pid, used = handle.usage_file.read_text().split()  # type: ignore[union-attr]
-            return int(pid), int(used)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (AttributeError, OSError, ValueError):
             return None, 0
+        return (int(pid), int(used)) if state != "Z" else (None, 0)
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> SimpleNamespace:
         self.calls += 1

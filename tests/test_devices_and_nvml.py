@@ -4,6 +4,8 @@ the test marked ``gpu`` runs the real NVML path wherever a GPU exists."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from autotune.command import TrialCommand
 from autotune.devices import resolve_device
 from autotune.errors import DeviceError, InputError
 from autotune.measurement import MeasureSpec, TrialSettings, measure
+from autotune.meters import NvmlMeter, RssMeter
 from autotune.protocol import Outcome
 
 from conftest import SCRIPTS, MiB
@@ -167,3 +170,44 @@ def test_an_old_pynvml_package_shadowing_the_bindings_is_named(monkeypatch, vers
     assert bool(messages) is warns
     if warns:
         assert "pip uninstall pynvml" in messages[0] and "11.5.3" in messages[0]
+
+
+def _holder(usage_file: Path | None, mib: int, processes: int = 1) -> subprocess.Popen[bytes]:
+    """A stand-in for the shim: ``processes`` children, each holding ``mib`` MiB for 0.6 s (declared in the
+    FAKE GPU's usage file too, when given)."""
+    child = (
+        f"import os, sys, time; time.sleep(0.15); held = bytearray(b'1') * ({mib} << 20); "
+        f"p = sys.argv[1]; p and open(p, 'w').write(f'{{os.getpid()}} {{{mib} << 20}}'); time.sleep(0.6)"
+    )
+    parent = (
+        "import subprocess, sys; "
+        f"[c.wait() for c in [subprocess.Popen([sys.executable, '-c', {child!r}, {str(usage_file or '')!r}]) "
+        f"for _ in range({processes})]]"
+    )
+    return subprocess.Popen([sys.executable, "-c", parent])
+
+
+def test_one_meter_measures_trial_after_trial(fake, tmp_path) -> None:
+    """A job's meter is reused for each of its trials: nothing of a trial's reading may carry over to the next
+    (it once did: the second trial saw no sample and the first trial's peak)."""
+    gpu = fake.nvmlDeviceGetHandleByIndex(0)
+    meter = NvmlMeter(fake, gpu)
+    readings = []
+    for mib in (300, 100, 200):
+        proc = _holder(gpu.usage_file, mib)
+        meter.start(proc.pid)
+        proc.wait()
+        readings.append(meter.stop(0))
+    assert [r.peak_bytes for r in readings] == [300 * MiB, 100 * MiB, 200 * MiB]
+    assert all(r.samples > 10 for r in readings)
+    rss = RssMeter(interval=0.02)
+    peaks = []
+    for mib in (120, 40):
+        proc = _holder(None, mib, processes=2)  # two processes: the sampled rss-tree path
+        rss.start(proc.pid)
+        proc.wait()
+        reading = rss.stop(0)
+        assert (reading.method, reading.processes) == ("rss-tree", 2)
+        peaks.append(reading.peak_bytes)
+    assert 2 * 120 * MiB < peaks[0] < 2 * 120 * MiB + 80 * MiB  # two interpreters of ~10 MiB each on top
+    assert 2 * 40 * MiB < peaks[1] < 2 * 40 * MiB + 80 * MiB

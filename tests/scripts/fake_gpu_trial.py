@@ -1,7 +1,8 @@
-"""Trial script for the FAKE NVML tests: declares "GPU memory" in $FAKE_GPU_USAGE_FILE as "<pid> <bytes>".
+"""Trial script for the FAKE NVML tests: declares "GPU memory" in $FAKE_GPU_USAGE_FILE as "<pid> <bytes>"
+(or, with several fake GPUs, in $FAKE_GPU_USAGE_DIR/<the UUID in CUDA_VISIBLE_DEVICES>).
 
-Holds --held-mib for the whole trial and --spike-mib more for --spike-seconds during step 1; writes the
-CUDA_VISIBLE_DEVICES it was given to $FAKE_GPU_USAGE_FILE.env.
+Holds --held-mib + batch size x --per-sample-mib for the whole trial and --spike-mib more for
+--spike-seconds during step 1; writes the CUDA_VISIBLE_DEVICES it was given to <usage file>.env.
 """
 
 import argparse
@@ -25,17 +26,22 @@ def main() -> None:
     p.add_argument("--held-mib", type=float, default=0)
     p.add_argument("--spike-mib", type=float, default=0)
     p.add_argument("--spike-seconds", type=float, default=0.2)
+    p.add_argument("--per-sample-mib", type=float, default=0)
+    p.add_argument("--step-seconds", type=float, default=0.01)
     args = p.parse_args()
-    usage = os.environ["FAKE_GPU_USAGE_FILE"]
+    usage = os.environ.get("FAKE_GPU_USAGE_FILE") or os.path.join(
+        os.environ["FAKE_GPU_USAGE_DIR"], os.environ["CUDA_VISIBLE_DEVICES"]
+    )
+    held = args.held_mib + autotune.batch_size(default=1) * args.per_sample_mib
     with open(usage + ".env", "w") as f:
         f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
-    declare(usage, args.held_mib * MiB)
+    declare(usage, held * MiB)
     for step in range(10**9):
         if step == 1 and args.spike_mib:
-            declare(usage, (args.held_mib + args.spike_mib) * MiB)
+            declare(usage, (held + args.spike_mib) * MiB)
             time.sleep(args.spike_seconds)
-            declare(usage, args.held_mib * MiB)
-        time.sleep(0.01)
+            declare(usage, held * MiB)
+        time.sleep(args.step_seconds)
         autotune.step()
 
 

@@ -1,0 +1,58 @@
+"""Leases at the storage level, on SQLite and on a real PostgreSQL server: a configuration goes to exactly
+one claimer, also between the device threads of one worker (which share its worker id), and a claim whose
+first try committed before its connection was lost is still recognised as its own when retried."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+
+from autotune.errors import StorageError
+from autotune.storage import Store, open_store
+
+WORKER = "host:1234:5678"
+
+
+def test_sibling_threads_of_one_worker_never_share_a_claim(storage) -> None:
+    store = open_store(storage)
+    barrier = threading.Barrier(4)
+    won: list[object] = []
+
+    def claim(device: str) -> None:
+        barrier.wait()
+        for batch in range(1, 21):
+            lease = store.claim("s", "trial", batch, "none", 0, WORKER, device)
+            if lease is not None:
+                won.append((batch, device))
+
+    threads = [threading.Thread(target=claim, args=(f"cuda:{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(batch for batch, _ in won) == list(range(1, 21))  # each configuration exactly once
+    assert {(x.batch_size, x.device) for x in store.leases("s")} == set(won)
+
+
+def test_a_retried_claim_that_had_committed_is_its_own(storage, monkeypatch) -> None:
+    store = open_store(storage)
+    real = Store._connect
+    calls = {"n": 0}
+
+    @contextmanager
+    def commit_then_lose_the_connection(self: Store, write: bool = False):  # type: ignore[no-untyped-def]
+        with real(self, write) as conn:
+            yield conn
+        calls["n"] += 1
+        if write and calls["n"] == 1:  # the insert committed; its answer is lost with the connection
+            lost = sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
+            raise StorageError("connection lost") from lost
+
+    monkeypatch.setattr(Store, "_connect", commit_then_lose_the_connection)
+    lease = store.claim("s", "trial", 8, "none", 0, WORKER, "cuda:0")
+    assert lease is not None and (lease.batch_size, lease.worker, lease.state) == (8, WORKER, "running")
+    assert len(store.leases("s")) == 1
+    # A first try that meets the row is never its own, even for the same worker id (another thread's).
+    assert store.claim("s", "trial", 8, "none", 0, WORKER, "cuda:1") is None

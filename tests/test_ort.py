@@ -1,0 +1,131 @@
+"""The ONNX Runtime backend on the CPU (ORT's CPU execution provider), through autotune's real trials.
+
+onnxruntime-training 1.19.2 is installed by `make test` (the `ort` extra); ORTModule's C++ extension is
+built once per machine (~30 s) into the user cache dir and reused by every later trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+
+pytest.importorskip("onnxruntime", reason="the ort extra is not installed (pip install 'autotune[ort]')")
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "ort_transformer.py"
+SMALL = ["--seq", "64", "--d-model", "64", "--layers", "2", "--vocab", "128"]
+STEP = re.compile(r"^step (\d+) loss ([0-9.]+)$", re.M)
+
+
+def losses(text: str) -> list[float]:
+    return [float(loss) for _, loss in STEP.findall(text)]
+
+
+def autotune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AUTOTUNE, *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def plain_pytorch(*args: str, env: dict[str, str] | None = None) -> list[float]:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return losses(proc.stdout)
+
+
+def measured(cache: Path, plan: str, *args: str, batch: int = 4) -> tuple[dict, list[float]]:
+    proc = autotune(
+        "measure", "--backend", "ort", "-b", str(batch), "--plan", plan, "--device", "cpu", "--json",
+        "--steps", "3", "--warmup-steps", "1", "--cache-dir", str(cache), str(EXAMPLE), "--", *args,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    log = Path(result["log_dir"])
+    assert "ORTModule" in (log / "stdout.log").read_text() + (log / "stderr.log").read_text()
+    return result, losses((log / "stdout.log").read_text())
+
+
+def test_ortmodule_trains_through_autotune_with_pytorch_s_losses(tmp_path) -> None:
+    reference = plain_pytorch("--batch-size", "4", "--steps", "4", *SMALL)
+    for plan in ("none", "BiasGelu+:1:-1", "level:1"):  # recompute changes memory, never the numbers
+        result, got = measured(tmp_path, plan, *SMALL)
+        assert result["outcome"] == "complete" and result["plan"] == plan
+        assert len(got) == 4
+        assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) < 1e-5, (plan, got, reference)
+
+
+def test_the_probe_lists_ort_s_plans_with_numeric_savings(tmp_path) -> None:
+    proc = autotune(
+        "probe", "--backend", "ort", "-b", "4", "--json", "--device", "cpu", "--cache-dir", str(tmp_path),
+        str(EXAMPLE), "--", *SMALL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    rows = {row["plan"]: row for row in data["candidates"]}
+    assert {row["level"] for row in rows.values()} == {"ort"}
+    gelu = rows["BiasGelu+:1:-1"]
+    # 2 layers x a (batch, seq, 4 x d_model) float32 GELU output: ORT's own figure, evaluated at batch 4
+    assert (gelu["frequency"], gelu["saving_bytes"]) == (2, 2 * 4 * 64 * 4 * 64 * 4)
+    assert gelu["saving_per_sample"] == gelu["saving_bytes"] / 4
+    assert "FusedMatMul+Softmax+:1:-1" in rows
+    assert all(row["saving_bytes"] > 0 for row in rows.values())
+
+
+def test_run_backend_ort_picks_a_plan_under_budget_and_best_env_reproduces_it(tmp_path) -> None:
+    proc = autotune(
+        "run", "--backend", "ort", "--budget", "1GiB", "--trials", "4", "--batch-sizes", "2,4,8",
+        "--plans", "BiasGelu+:1:-1;level:1", "--steps", "2", "--warmup-steps", "1", "--device", "cpu",
+        "--json", "--cache-dir", str(tmp_path), str(EXAMPLE), "--", *SMALL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["plan"] in ("BiasGelu+:1:-1", "level:1")
+    assert result["peak_bytes"] <= result["limit_bytes"]
+    answer = autotune(
+        "best", "--backend", "ort", "--env", "--device", "cpu", "--cache-dir", str(tmp_path),
+        str(EXAMPLE), "--", *SMALL,
+    )  # fmt: skip
+    assert answer.returncode == 0, answer.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in answer.stdout.splitlines() if line)
+    env = {name: shlex.split(value)[0] for name, value in exports.items()}
+    assert env["AUTOTUNE_BATCH_SIZE"] == str(result["batch_size"])
+    assert env["AUTOTUNE_BACKEND"] == "ort" and env["ORTMODULE_FALLBACK_POLICY"] == "FALLBACK_DISABLE"
+    if result["plan"] == "level:1":
+        assert env["ORTMODULE_MEMORY_OPT_LEVEL"] == "1"
+    else:
+        assert json.loads(Path(env["ORTMODULE_MEMORY_OPT_CONFIG"]).read_text()) == ["BiasGelu+:1:-1"]
+    # Outside autotune: the same script, its environment from `best --env`, trains under ORTModule with
+    # the plan (ORT's own banner says the memory optimizer is on) and the same losses as plain PyTorch.
+    outside = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", "3", *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert outside.returncode == 0, outside.stderr[-2000:]
+    assert re.search(r"Memory Optimizer\s*:\s*ON", outside.stdout + outside.stderr)
+    reference = plain_pytorch("--batch-size", str(result["batch_size"]), "--steps", "3", *SMALL)
+    assert max(abs(a - b) for a, b in zip(losses(outside.stdout), reference, strict=True)) < 1e-5
+
+
+def test_a_model_with_the_same_repr_does_not_reuse_another_s_export(tmp_path) -> None:
+    """nhead=4 and nhead=8 print alike (ORT's cache key); autotune's export cache is per workload."""
+    four = [*SMALL, "--nhead", "4"]
+    eight = [*SMALL, "--nhead", "8"]
+    _, first = measured(tmp_path, "none", *four)
+    _, again = measured(tmp_path, "none", *four)
+    _, other = measured(tmp_path, "none", *eight)
+    exports = sorted((tmp_path / "ort-export").iterdir())
+    assert len(exports) == 2 and all(any(d.iterdir()) for d in exports)  # one cache per workload, used
+    assert again == first  # the cached export of the same workload trains the same
+    reference = plain_pytorch("--batch-size", "4", "--steps", "4", *eight)
+    assert max(abs(a - b) for a, b in zip(other, reference, strict=True)) < 1e-5
