@@ -251,17 +251,17 @@ def test_bad_devices_are_one_line() -> None:
 
 
 def test_a_worker_soak_keeps_fds_and_memory_stable(tmp_path) -> None:
-    """bench/soak.py with 120 trials in 12 jobs (its default, 500 in 20, is in bench/results/soak-cpu.txt).
+    """bench/soak.py with 80 trials in 8 jobs (its default, 500 in 20, is in bench/results/soak-cpu.txt).
 
     Per-job state kept by a worker after the job is done (an engine per job, each job's Optuna cache)
     grew the worker by 4 fds and 7 MiB over 20 jobs before it was fixed."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
     import soak
 
-    samples, _, code = soak.soak(120, tmp_path, jobs=12)
+    samples, _, code = soak.soak(80, tmp_path, jobs=8)
     assert code == 0
-    early, last = soak.steady(samples, 120)
-    assert last.trials >= 120
+    early, last = soak.steady(samples, 80)
+    assert last.trials >= 80
     assert last.fds == early.fds, (early, last)
     assert abs(last.rss_kib - early.rss_kib) <= 0.05 * early.rss_kib, (early, last)
     assert max(s.zombies for s in samples) <= 1  # at most the trial being reaped at the sampling instant
