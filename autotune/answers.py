@@ -53,9 +53,7 @@ class BestAnswer:
             plan_file = cache / "ort-plans" / f"{self.study}.json"
             env[BACKEND_ENV] = "ort"
             env.update(
-                ort_plans.user_environment(
-                    ort_plans.parse_ort_plan(self.plan), plan_file, cache, self.fingerprint
-                )
+                ort_plans.environment(ort_plans.parse_ort_plan(self.plan), plan_file, cache, self.fingerprint)
             )
         return env
 

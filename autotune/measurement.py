@@ -165,11 +165,11 @@ def run_trial(
     }
     if backend == "ort":
         from autotune.fingerprint import workload_of
-        from autotune.ort_plans import ensure_extension, parse_ort_plan, trial_environment
+        from autotune.ort_plans import ensure_extension, environment, parse_ort_plan
 
         ensure_extension(environ)  # built outside any measured trial: a compiler is no trial's memory
         fingerprint = workload_of(command, device, backend).fingerprint
-        child_env.update(trial_environment(parse_ort_plan(str(plan)), workdir, root, fingerprint))
+        child_env.update(environment(parse_ort_plan(str(plan)), workdir / "ort_plan.json", root, fingerprint))
     launch = Launch(
         argv=tuple(command.argv(batch_size)),
         env=command.env(child_env),

@@ -74,7 +74,7 @@ def parse_ort_plan(text: str) -> OrtPlan:
     return OrtPlan(clusters=tuple(sorted(set(clusters))))
 
 
-_ready: list[bool] = []
+_extension_ready = False
 
 
 def ensure_extension(environ: Mapping[str, str]) -> None:
@@ -85,7 +85,8 @@ def ensure_extension(environ: Mapping[str, str]) -> None:
     Raises:
         TrialError: the build failed; its last line says why.
     """
-    if _ready:
+    global _extension_ready
+    if _extension_ready:
         return
     code = (
         "import sys\nfrom autotune.backends.ort import OrtUnavailable, load_ortmodule\n"
@@ -101,7 +102,7 @@ def ensure_extension(environ: Mapping[str, str]) -> None:
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         raise TrialError(f"ORT backend: {lines[-1] if lines else 'the extension build failed'}")
-    _ready.append(True)
+    _extension_ready = True
 
 
 def export_cache_dir(cache: Path, fingerprint: str) -> Path:
@@ -111,17 +112,19 @@ def export_cache_dir(cache: Path, fingerprint: str) -> Path:
     return cache / "ort-export" / fingerprint[:24]
 
 
-def trial_environment(plan: OrtPlan, folder: Path, cache: Path, fingerprint: str) -> dict[str, str]:
-    """The environment an ORT trial runs with; writes the plan's JSON file into ``folder`` if it has one."""
+def environment(plan: OrtPlan, plan_file: Path, cache: Path, fingerprint: str) -> dict[str, str]:
+    """ORT's variables for training with ``plan``: in a trial (``plan_file`` in its folder) and for
+    ``autotune best --env``. Writes ``plan_file`` when the plan has clusters."""
+    export = export_cache_dir(cache, fingerprint)
+    export.mkdir(parents=True, exist_ok=True)
     env = {
         "ORTMODULE_FALLBACK_POLICY": FALLBACK_POLICY,
         "ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0",  # see autotune.backends.ort, fix C
-        "ORTMODULE_CACHE_DIR": str(export_cache_dir(cache, fingerprint)),
+        "ORTMODULE_CACHE_DIR": str(export),
         "ORTMODULE_MEMORY_OPT_LEVEL": str(plan.level),
     }
-    export_cache_dir(cache, fingerprint).mkdir(parents=True, exist_ok=True)
     if plan.clusters:
-        env["ORTMODULE_MEMORY_OPT_CONFIG"] = str(write_plan_file(plan, folder / "ort_plan.json"))
+        env["ORTMODULE_MEMORY_OPT_CONFIG"] = str(write_plan_file(plan, plan_file))
     return env
 
 
@@ -130,19 +133,6 @@ def write_plan_file(plan: OrtPlan, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(list(plan.clusters)) + "\n")
     return path
-
-
-def user_environment(plan: OrtPlan, plan_file: Path, cache: Path, fingerprint: str) -> dict[str, str]:
-    """What ``autotune best --env`` exports to train with ``plan`` outside autotune (writes ``plan_file``)."""
-    env = {
-        "ORTMODULE_FALLBACK_POLICY": FALLBACK_POLICY,
-        "ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0",
-        "ORTMODULE_CACHE_DIR": str(export_cache_dir(cache, fingerprint)),
-        "ORTMODULE_MEMORY_OPT_LEVEL": str(plan.level),
-    }
-    if plan.clusters:
-        env["ORTMODULE_MEMORY_OPT_CONFIG"] = str(write_plan_file(plan, plan_file))
-    return env
 
 
 # The probe's ORT data: {"backend": "ort", "batch_size": B, "plans": [{"plan", "freq", "saving_bytes",
