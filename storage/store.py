@@ -108,6 +108,13 @@ for _name in (
     "set_trial_state_values",
     "set_trial_system_attr",
     "set_trial_user_attr",
+    # Optuna's _CachedStorage (what optuna.create_study wraps an RDBStorage in) calls these private
+    # methods of its backend directly: a study.ask() that met a lock failed there without a retry.
+    "_create_new_trial",
+    "_set_trial_param",
+    "_get_best_trial_id",
+    "_get_trials",
+    "_get_stale_trial_ids",
 ):
     setattr(RetryingRDBStorage, _name, _retried(getattr(optuna.storages.RDBStorage, _name)))
 
