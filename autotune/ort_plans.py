@@ -16,6 +16,7 @@ The canonical form sorts and deduplicates the clusters, so equal plans name the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -75,18 +76,35 @@ def parse_ort_plan(text: str) -> OrtPlan:
 
 
 _extension_ready = False
+_LOADED_STAMP = ".autotune-loaded"
 
 
 def ensure_extension(environ: Mapping[str, str]) -> None:
     """Build ORTModule's C++ extension (autotune.backends.ort, fix F) before the first ORT trial of this
     process, in a child process of its own (the tuner never imports torch): the build's compiler would
-    otherwise be measured as part of a trial. Later calls and later processes find it built (~2 s).
+    otherwise be measured as part of a trial. The child loads it once built (~3 s: torch and ORT imports),
+    and leaves a stamp of the library it loaded; a later tuner process that finds the same library skips
+    the child (an `autotune measure` would otherwise pay those 3 s every time). A changed or missing
+    library runs the child again.
 
     Raises:
         TrialError: the build failed; its last line says why.
     """
     global _extension_ready
     if _extension_ready:
+        return
+    import importlib.metadata
+
+    from autotune.backends.ort import OrtUnavailable, extension_build_dir, extension_stamp
+
+    try:
+        build = extension_build_dir(environ)
+    except (OrtUnavailable, importlib.metadata.PackageNotFoundError):  # the child says what is missing
+        build = None
+    stamp = build / _LOADED_STAMP if build is not None else None
+    current = extension_stamp(build) if build is not None else None
+    if stamp is not None and current is not None and stamp.is_file() and stamp.read_text() == current:
+        _extension_ready = True
         return
     code = (
         "import sys\nfrom autotune.backends.ort import OrtUnavailable, load_ortmodule\n"
@@ -102,6 +120,9 @@ def ensure_extension(environ: Mapping[str, str]) -> None:
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         raise TrialError(f"ORT backend: {lines[-1] if lines else 'the extension build failed'}")
+    if stamp is not None and (loaded := extension_stamp(stamp.parent)) is not None:
+        with contextlib.suppress(OSError):  # a read-only cache: no shortcut next time, nothing worse
+            stamp.write_text(loaded)
     _extension_ready = True
 
 

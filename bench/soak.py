@@ -46,12 +46,17 @@ def soak(
     storage = storage or f"sqlite:///{cache / 'autotune.db'}"
     per_job = -(-trials // jobs)
     batches, plans = space_for(per_job)
-    for job in range(jobs):
+    submitting = []
+    for job in range(jobs):  # submitted all at once: the first starts race to create the schema, as they may
         argv = [AUTOTUNE, "submit", "--budget", "2GiB", "--trials", str(per_job), "--study", f"soak-{job}"]
         argv += ["--plans", plans, "--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1"]
         argv += ["--storage", storage, str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
         argv += ["--step-seconds", f"{0.01 + job / 10000:.4f}"]  # a workload of its own: no warm start
-        subprocess.run(argv, check=True, capture_output=True, timeout=120)
+        submitting.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for proc in submitting:
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"autotune submit failed: {err.strip()}")
     started = time.monotonic()
     worker = subprocess.Popen(
         [AUTOTUNE, "worker", "--once", "--devices", "cpu", "--storage", storage, "--cache-dir", str(cache)],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,12 +24,46 @@ SCRIPTS = Path(__file__).parent / "scripts"
 SYNTHETIC = SCRIPTS / "synthetic.py"
 EXAMPLES = Path(__file__).parent.parent / "examples"
 MiB = 2**20
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 # glibc keeps freed blocks in its heap by default, so a CPU trial's peak RSS carries up to a few hundred MiB of
 # retained heap that varies from run to run (differences of two peaks here: 128 to 202 MiB for the same
 # plans). A fixed mmap threshold returns every large block on free: peaks repeat to 0.2 MiB, and the
 # comparison measures the activations the probe predicts rather than the allocator's heap policy.
 DETERMINISTIC_CPU_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def measure_example(
+    cache: Path, plan: str, env: dict[str, str] | None = None, batch: int = 32, model: tuple[str, ...] = ()
+) -> dict:
+    """`autotune measure --json` of examples/gpt.py (its defaults unless ``model`` gives arguments)."""
+    argv = [
+        AUTOTUNE,
+        "measure",
+        "-b",
+        str(batch),
+        "--plan",
+        plan,
+        "--device",
+        "cpu",
+        "--json",
+        "--steps",
+        "4",
+    ]
+    argv += ["--cache-dir", str(cache), str(EXAMPLES / "gpt.py"), *(("--", *model) if model else ())]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def example_peaks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """examples/gpt.py at batch 32 with the plans `none` and `all`, each measured once with the
+    deterministic allocator, for the tests that compare the two peaks."""
+    cache = tmp_path_factory.mktemp("example-peaks")
+    return {plan: measure_example(cache, plan, DETERMINISTIC_CPU_ALLOCATOR) for plan in ("none", "all")}
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from autotune.cli import cli
 
-from conftest import DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, SYNTHETIC, MiB
+from conftest import SYNTHETIC, MiB
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
@@ -134,20 +134,13 @@ def test_python_dash_c_is_refused(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_checkpointing_all_lowers_the_measured_peak_of_the_example_transformer(tmp_path) -> None:
-    peaks = {}
-    for plan in ("none", "all"):
-        options = f"-b 16 --plan {plan} --steps 2 --warmup-steps 1 --device cpu --json --cache-dir {tmp_path}"
-        model = "--n-layer 6 --n-embd 64 --block-size 128"
-        argv = [AUTOTUNE, "measure", str(EXAMPLES / "gpt.py"), *options.split(), "--", *model.split()]
-        env = {**os.environ, **DETERMINISTIC_CPU_ALLOCATOR}
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        data = json.loads(proc.stdout)
-        assert data["plan"] == ("Block:1" if plan == "all" else "none")
-        peaks[plan] = data["peak_bytes"]
-    print({k: round(v / MiB, 1) for k, v in peaks.items()})
-    assert peaks["none"] - peaks["all"] > 40 * MiB, {k: v / MiB for k, v in peaks.items()}
+def test_checkpointing_all_lowers_the_measured_peak_of_the_example_transformer(example_peaks) -> None:
+    none, full = example_peaks["none"], example_peaks["all"]
+    assert (none["plan"], full["plan"]) == ("none", "Block:1")
+    assert none["peak_bytes"] - full["peak_bytes"] > 40 * MiB, (
+        none["peak_bytes"] / MiB,
+        full["peak_bytes"] / MiB,
+    )
 
 
 def test_storage_is_only_importable_as_autotune_storage() -> None:

@@ -112,7 +112,7 @@ def test_three_workers_share_a_job_with_nothing_lost_or_duplicated(tmp_path, sto
 def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage) -> None:
     """The Done-when: two workers (one on a simulated other host, judged by its heartbeat), a third
     started later; the other-host worker is SIGKILLed mid-trial."""
-    submit(storage, tmp_path, "faults", trials=10, step_seconds=0.4)
+    submit(storage, tmp_path, "faults", trials=8, step_seconds=0.25)
     doomed = worker(storage, tmp_path, host="simulated-host")
     steady = worker(storage, tmp_path)
 
@@ -146,11 +146,11 @@ def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage
     failed = [t.number for t in found if t.state == TrialState.FAIL]
     assert failed == [killed.number]
     # Every configuration measured once, the killed one twice (its failed run and its retry).
-    assert_finished_cleanly(storage, "faults", 10)
+    assert_finished_cleanly(storage, "faults", 8)
 
 
 def test_sigterm_stops_a_worker_cleanly_and_another_finishes_its_trial(tmp_path, storage) -> None:
-    submit(storage, tmp_path, "stopped", trials=6, step_seconds=0.4)
+    submit(storage, tmp_path, "stopped", trials=4, step_seconds=0.25)
     first = worker(storage, tmp_path)
     wait_for(
         lambda: (
@@ -172,7 +172,7 @@ def test_sigterm_stops_a_worker_cleanly_and_another_finishes_its_trial(tmp_path,
     second = worker(storage, tmp_path)
     _, err = second.communicate(timeout=300)
     assert second.returncode == 0, err
-    found = assert_finished_cleanly(storage, "stopped", 6)
+    found = assert_finished_cleanly(storage, "stopped", 4)
     rerun = [t for t in measured(found) if t.params == stopped.params and t.state == TrialState.COMPLETE]
     assert len(rerun) == 1 and rerun[0].user_attrs["proposed_by"] == "released"
 

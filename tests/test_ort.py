@@ -61,13 +61,23 @@ def measured(
     return result, losses((log / "stdout.log").read_text())
 
 
-def test_ortmodule_trains_through_autotune_with_pytorch_s_losses(tmp_path) -> None:
+def test_ortmodule_trains_with_pytorch_s_losses_and_an_export_cache_per_workload(tmp_path) -> None:
+    """Recompute changes memory, never the numbers: every plan trains with plain PyTorch's losses. The
+    export cache is per workload: nhead=4 and nhead=8 print alike (ORT's own cache key), yet each gets its
+    own export, and the plan trials after the first train from the cached one with the same losses."""
     reference = plain_pytorch("--batch-size", "4", "--steps", "4", *SMALL)
-    for plan in ("none", "BiasGelu+:1:-1", "level:1"):  # recompute changes memory, never the numbers
+    for plan in ("none", "BiasGelu+:1:-1", "level:1"):
         result, got = measured(tmp_path, plan, *SMALL)
         assert result["outcome"] == "complete" and result["plan"] == plan
         assert len(got) == 4
         assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) < 1e-5, (plan, got, reference)
+    assert len(list((tmp_path / "ort-export").iterdir())) == 1  # one workload so far, whatever the plan
+    eight = [*SMALL, "--nhead", "8"]
+    _, other = measured(tmp_path, "none", *eight)
+    exports = sorted((tmp_path / "ort-export").iterdir())
+    assert len(exports) == 2 and all(any(d.iterdir()) for d in exports)  # one cache per workload, used
+    reference = plain_pytorch("--batch-size", "4", "--steps", "4", *eight)
+    assert max(abs(a - b) for a, b in zip(other, reference, strict=True)) < 1e-5
 
 
 def test_the_probe_lists_ort_s_plans_with_numeric_savings(tmp_path) -> None:
@@ -109,7 +119,7 @@ def test_a_plan_s_measured_saving_is_within_15_percent_of_ort_s_prediction(tmp_p
 
 def test_run_backend_ort_picks_a_plan_under_budget_and_best_env_reproduces_it(tmp_path) -> None:
     proc = autotune(
-        "run", "--backend", "ort", "--budget", "1GiB", "--trials", "4", "--batch-sizes", "2,4,8",
+        "run", "--backend", "ort", "--budget", "1GiB", "--trials", "3", "--batch-sizes", "2,4,8",
         "--plans", "BiasGelu+:1:-1;level:1", "--steps", "2", "--warmup-steps", "1", "--device", "cpu",
         "--json", "--cache-dir", str(tmp_path), str(EXAMPLE), "--", *SMALL,
     )  # fmt: skip
@@ -145,15 +155,38 @@ def test_run_backend_ort_picks_a_plan_under_budget_and_best_env_reproduces_it(tm
     assert max(abs(a - b) for a, b in zip(losses(outside.stdout), reference, strict=True)) < 1e-5
 
 
-def test_a_model_with_the_same_repr_does_not_reuse_another_s_export(tmp_path) -> None:
-    """nhead=4 and nhead=8 print alike (ORT's cache key); autotune's export cache is per workload."""
-    four = [*SMALL, "--nhead", "4"]
-    eight = [*SMALL, "--nhead", "8"]
-    _, first = measured(tmp_path, "none", *four)
-    _, again = measured(tmp_path, "none", *four)
-    _, other = measured(tmp_path, "none", *eight)
-    exports = sorted((tmp_path / "ort-export").iterdir())
-    assert len(exports) == 2 and all(any(d.iterdir()) for d in exports)  # one cache per workload, used
-    assert again == first  # the cached export of the same workload trains the same
-    reference = plain_pytorch("--batch-size", "4", "--steps", "4", *eight)
-    assert max(abs(a - b) for a, b in zip(other, reference, strict=True)) < 1e-5
+def test_a_tuner_skips_the_extension_check_while_the_loaded_library_is_unchanged(
+    tmp_path, monkeypatch
+) -> None:
+    """The decision only: the check's child process is replaced by a recorder (a real check imports torch
+    and ORT, ~3 s; the tests above run it for real)."""
+    from autotune import ort_plans
+    from autotune.backends.ort import extension_build_dir
+
+    environ = {**os.environ, "AUTOTUNE_ORT_BUILD_DIR": str(tmp_path)}
+    build = extension_build_dir(environ)
+    build.mkdir(parents=True)
+    library = build / "aten_op_executor.so"
+    library.write_bytes(b"built")
+    checks: list[list[str]] = []
+
+    def child(argv, **kwargs):
+        checks.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(ort_plans.subprocess, "run", child)
+
+    def ensure() -> None:
+        monkeypatch.setattr(ort_plans, "_extension_ready", False)  # a new tuner process
+        ort_plans.ensure_extension(environ)
+
+    ensure()
+    ensure()
+    assert len(checks) == 1  # checked once, then the stamp of the loaded library answers
+    os.utime(library, ns=(0, 0))  # rebuilt or replaced: checked again
+    ensure()
+    ensure()
+    assert len(checks) == 2
+    library.unlink()  # gone: the check (which builds it) runs every time until a library is there
+    ensure()
+    assert len(checks) == 3

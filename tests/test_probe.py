@@ -13,7 +13,7 @@ import pytest
 from autotune.plans import parse_plan
 from autotune.probe import predicted_saving, rows
 
-from conftest import DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB
+from conftest import DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB, measure_example
 
 AUTOTUNE = os.path.join(os.path.dirname(sys.executable), "autotune")
 
@@ -138,54 +138,31 @@ def test_probe_json_schema_and_the_candidates_of_the_example_transformer(gpt_pro
     } == set(gpt_probe["candidates"][0])
 
 
-def measure(cache, plan: str, env: dict[str, str] | None = None) -> dict:
-    proc = subprocess.run(
-        [
-            AUTOTUNE,
-            "measure",
-            "-b",
-            "32",
-            "--plan",
-            plan,
-            "--device",
-            "cpu",
-            "--json",
-            "--steps",
-            "4",
-            "--cache-dir",
-            str(cache),
-            str(EXAMPLES / "gpt.py"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout)
-
-
 @pytest.mark.slow
-def test_predicted_saving_of_all_is_within_25_percent_of_the_measured(gpt_probe, tmp_path) -> None:
-    none = measure(tmp_path, "none", DETERMINISTIC_CPU_ALLOCATOR)
-    full = measure(tmp_path, "all", DETERMINISTIC_CPU_ALLOCATOR)
-    measured = none["peak_bytes"] - full["peak_bytes"]
+def test_predicted_saving_of_all_is_within_25_percent_of_the_measured(gpt_probe, example_peaks) -> None:
+    measured = example_peaks["none"]["peak_bytes"] - example_peaks["all"]["peak_bytes"]
     predicted = next(r for r in gpt_probe["candidates"] if r["plan"] == "Block:1")["saving_bytes"]
     print(f"predicted {predicted / MiB:.1f} MiB, measured {measured / MiB:.1f} MiB")
     assert abs(predicted - measured) <= 0.25 * measured
 
 
 @pytest.mark.slow
-def test_an_operator_level_plan_saves_memory_for_less_time_than_full_checkpointing(tmp_path) -> None:
+def test_an_operator_level_plan_saves_memory_for_less_time_than_full_checkpointing(
+    example_peaks, tmp_path
+) -> None:
     selective = "Block:1/save=attention+matmul"
-    none = measure(tmp_path, "none", DETERMINISTIC_CPU_ALLOCATOR)
-    saved = measure(tmp_path, selective, DETERMINISTIC_CPU_ALLOCATOR)
+    saved = measure_example(tmp_path, selective, DETERMINISTIC_CPU_ALLOCATOR)
     assert saved["plan"] == selective
-    assert saved["peak_bytes"] < none["peak_bytes"] - 40 * MiB
+    assert saved["peak_bytes"] < example_peaks["none"]["peak_bytes"] - 40 * MiB
+    # Time on a wider, shallower variant, where matmuls (which `all` recomputes and this plan keeps) weigh
+    # as they do in real models (~85 vs ~70 samples/s at batch 16 here; at the default width, elementwise
+    # work dominates and the gap is ~12%). The allocator as users run it; medians, as one short CPU run's
+    # samples/s varies by ~5-10%.
+    wide = ("--n-layer", "2", "--n-embd", "256")
     speed: dict[str, list[float]] = {"all": [], selective: []}
-    for _ in range(3):  # the allocator as users run it; medians: one short CPU run's samples/s varies by ~10%
+    for _ in range(3):
         for plan in speed:
-            speed[plan].append(measure(tmp_path, plan)["samples_per_sec"])
+            speed[plan].append(measure_example(tmp_path, plan, batch=16, model=wide)["samples_per_sec"])
     assert statistics.median(speed[selective]) > statistics.median(speed["all"])
 
 

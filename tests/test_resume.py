@@ -25,7 +25,7 @@ SLOW = [
     "--per-sample-mib",
     "4",
     "--step-seconds",
-    "0.4",
+    "0.25",
     "--plan-effects",
     "A=0.5:0.25",
 ]

@@ -222,7 +222,7 @@ def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
     from conftest import EXAMPLES
 
     model = ["--", "--n-layer", "4", "--n-embd", "64", "--block-size", "64"]
-    options = f"--budget 700MiB --trials 6 --batch-sizes 2-48 --steps 2 --warmup-steps 1 --device cpu --cache-dir {tmp_path}"
+    options = f"--budget 700MiB --trials 5 --batch-sizes 2-48 --steps 2 --warmup-steps 1 --device cpu --cache-dir {tmp_path}"
     argv = ["run", *options.split(), "--json", str(EXAMPLES / "gpt.py"), *model]
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 0, result.output

@@ -46,6 +46,7 @@ import inspect
 import os
 import sys
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +74,30 @@ def ort_source_dir() -> Path | None:
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
-def extension_build_dir() -> Path:
+def extension_build_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where the aten_op_executor extension is built: one folder per ORT x torch x Python version, in the
     user's cache dir (``AUTOTUNE_ORT_BUILD_DIR`` overrides it) whatever ``--cache-dir`` a job uses: it
-    belongs to the installed software, not to a job."""
-    import platformdirs
-    import torch
+    belongs to the installed software, not to a job. Resolved from package metadata, so the tuner can
+    find it without importing torch."""
+    import importlib.metadata
 
-    root = os.environ.get("AUTOTUNE_ORT_BUILD_DIR") or platformdirs.user_cache_dir(
-        "autotune", appauthor=False
-    )
-    version = _ort_version()
-    tag = f"ort{version}-torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    import platformdirs
+
+    environ = os.environ if environ is None else environ
+    root = environ.get("AUTOTUNE_ORT_BUILD_DIR") or platformdirs.user_cache_dir("autotune", appauthor=False)
+    torch_version = importlib.metadata.version("torch")
+    tag = f"ort{_ort_version()}-torch{torch_version}-py{sys.version_info.major}{sys.version_info.minor}"
     return Path(root) / "ort-extensions" / tag.replace("+", "_")
+
+
+def extension_stamp(build: Path) -> str | None:
+    """The built library's size and modification time (None before it is built): what a tuner compares to
+    the stamp left after the extension last loaded, to skip re-checking an unchanged build."""
+    try:
+        st = (build / "aten_op_executor.so").stat()
+    except FileNotFoundError:
+        return None
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def load_ortmodule() -> Any:
