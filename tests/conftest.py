@@ -236,3 +236,14 @@ def trial_pids(cache: Path, started_by: int | None = None) -> list[int]:
             if re.search(pattern, environ) and alive(int(entry)):
                 pids.append(int(entry))
     return pids
+
+
+def signal_as_a_trial_starts(
+    proc: subprocess.Popen, sig: int, cache: Path, started_by: int | None = None
+) -> None:
+    """Send ``sig`` to ``proc`` as soon as a new trial process appears (one not alive when this is called):
+    the signal lands in the trial's first ~0.1 s, never as it ends. Which trial it hit is then read from
+    the database, not guessed before the signal (a trial seen RUNNING may have finished by then)."""
+    before = set(trial_pids(cache, started_by))
+    wait_for(lambda: set(trial_pids(cache, started_by)) - before)
+    proc.send_signal(sig)

@@ -23,7 +23,7 @@ from autotune.command import TrialCommand
 from autotune.measurement import TrialSettings
 from autotune.tuning import TuneSpec, tune
 
-from conftest import SCRIPTS, SYNTHETIC, stored_trials, trial_pids, wait_for
+from conftest import SCRIPTS, SYNTHETIC, signal_as_a_trial_starts, stored_trials, trial_pids, wait_for
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25 --plan-effects B=0.25:0.1"
@@ -123,10 +123,12 @@ def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage
             if t.state == TrialState.RUNNING and t.user_attrs.get("worker", "").startswith("simulated-host:")
         ]
 
-    wait_for(lambda: doomed_is_measuring() and trial_pids(tmp_path, doomed.pid))
-    killed = doomed_is_measuring()[0]
-    doomed.send_signal(signal.SIGKILL)
+    wait_for(doomed_is_measuring)  # past the job's probe
+    signal_as_a_trial_starts(doomed, signal.SIGKILL, tmp_path, started_by=doomed.pid)
     doomed.wait()
+    running = doomed_is_measuring()  # its trial stays RUNNING until the others judge it dead (3 s)
+    assert len(running) == 1, running
+    killed = running[0]
     time.sleep(1.0)
     assert trial_pids(tmp_path, doomed.pid) == []  # its trial died with it (PDEATHSIG)
 
@@ -153,20 +155,19 @@ def test_sigterm_stops_a_worker_cleanly_and_another_finishes_its_trial(tmp_path,
     submit(storage, tmp_path, "stopped", trials=4, step_seconds=0.25)
     first = worker(storage, tmp_path)
     wait_for(
-        lambda: (
-            [t for t in measured(stored_trials(storage, "stopped")) if t.state == TrialState.RUNNING]
-            and trial_pids(tmp_path, first.pid)
-        )
+        lambda: [t for t in measured(stored_trials(storage, "stopped")) if t.state == TrialState.RUNNING]
     )
-    stopped = next(t for t in measured(stored_trials(storage, "stopped")) if t.state == TrialState.RUNNING)
-    first.send_signal(signal.SIGTERM)
+    signal_as_a_trial_starts(first, signal.SIGTERM, tmp_path, started_by=first.pid)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     assert "stopping (SIGTERM)" in err and "stopped" in err.splitlines()[-1]
     assert trial_pids(tmp_path, first.pid) == []
     found = stored_trials(storage, "stopped")
     assert [t.number for t in found if t.state == TrialState.RUNNING] == []
-    assert found[stopped.number].user_attrs["note"] == "released: its worker was stopped"
+    released = [t for t in found if t.user_attrs.get("note") == "released: its worker was stopped"]
+    assert len(released) == 1 and released[0].state == TrialState.FAIL, released
+    stopped = released[0]
+    assert stopped.user_attrs["kind"] == "measured"
     assert job_state(storage, "stopped") == "running"
 
     second = worker(storage, tmp_path)

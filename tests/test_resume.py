@@ -15,7 +15,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from conftest import SYNTHETIC, alive, stored_trials, trial_pids, wait_for
+from conftest import SYNTHETIC, alive, signal_as_a_trial_starts, stored_trials, trial_pids, wait_for
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 SLOW = [
@@ -87,10 +87,11 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["verified"] is False
 
-    wait_for(lambda: measuring() and trial_pids(tmp_path))
-    interrupted = measuring()[0]
-    first.send_signal(signal.SIGKILL)
+    signal_as_a_trial_starts(first, signal.SIGKILL, tmp_path)
     first.wait()
+    running = measuring()
+    assert len(running) == 1, running  # the trial the kill interrupted
+    interrupted = running[0]
     time.sleep(1.0)
     assert [pid for pid in trial_pids(tmp_path) if alive(pid)] == []
 
@@ -115,13 +116,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
 
 def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path) -> None:
     proc = tuner(tmp_path, "interrupt", trials=6)
-    wait_for(
-        lambda: (
-            sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "interrupt")) >= 2
-            and any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "interrupt"))
-        )
-    )
-    proc.send_signal(signal.SIGINT)
+    wait_for(lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "interrupt")) >= 2)
+    signal_as_a_trial_starts(proc, signal.SIGINT, tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "Interrupted: the running trial was stopped." in err
