@@ -52,7 +52,9 @@ def soak(
         argv += ["--plans", plans, "--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1"]
         argv += ["--storage", storage, str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
         argv += ["--step-seconds", f"{0.01 + job / 10000:.4f}"]  # a workload of its own: no warm start
-        submitting.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        submitting.append(
+            subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        )
     for proc in submitting:
         _, err = proc.communicate(timeout=120)
         if proc.returncode != 0:
