@@ -98,12 +98,10 @@ def ensure_extension(environ: Mapping[str, str]) -> None:
     from autotune.backends.ort import OrtUnavailable, extension_build_dir, extension_stamp
 
     try:
-        build = extension_build_dir(environ)
+        stamp: Path | None = extension_build_dir(environ) / _LOADED_STAMP
     except (OrtUnavailable, importlib.metadata.PackageNotFoundError):  # the child says what is missing
-        build = None
-    stamp = build / _LOADED_STAMP if build is not None else None
-    current = extension_stamp(build) if build is not None else None
-    if stamp is not None and current is not None and stamp.is_file() and stamp.read_text() == current:
+        stamp = None
+    if stamp is not None and stamp.is_file() and stamp.read_text() == extension_stamp(stamp.parent):
         _extension_ready = True
         return
     code = (

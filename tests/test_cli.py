@@ -14,9 +14,7 @@ from click.testing import CliRunner, Result
 
 from autotune.cli import cli
 
-from conftest import SYNTHETIC, MiB
-
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+from conftest import AUTOTUNE, SYNTHETIC, MiB
 
 
 def measure_cli(cache: Path, *args: str) -> Result:

@@ -23,9 +23,16 @@ from autotune.command import TrialCommand
 from autotune.measurement import TrialSettings
 from autotune.tuning import TuneSpec, tune
 
-from conftest import SCRIPTS, SYNTHETIC, signal_as_a_trial_starts, stored_trials, trial_pids, wait_for
+from conftest import (
+    AUTOTUNE,
+    SCRIPTS,
+    SYNTHETIC,
+    signal_as_a_trial_starts,
+    stored_trials,
+    trial_pids,
+    wait_for,
+)
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25 --plan-effects B=0.25:0.1"
 
 

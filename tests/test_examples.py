@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES
+from conftest import AUTOTUNE, EXAMPLES
 
-AUTOTUNE = os.path.join(os.path.dirname(sys.executable), "autotune")
 SMALL = {"gpt.py": ["--n-layer", "2", "--n-embd", "32", "--block-size", "32"], "mlp.py": []}
 
 

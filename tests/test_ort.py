@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+from conftest import AUTOTUNE
 
 pytest.importorskip("onnxruntime", reason="the ort extra is not installed (pip install 'autotune[ort]')")
 

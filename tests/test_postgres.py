@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import optuna
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from conftest import PG_PASSWORD, SYNTHETIC
+from conftest import AUTOTUNE, PG_PASSWORD, SYNTHETIC
 
 pytestmark = pytest.mark.postgres
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 ARGS = [
     "--",
     *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.05 --per-sample-seconds 0.0005".split(),

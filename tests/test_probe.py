@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
-import sys
 
 import pytest
 
 from autotune.plans import parse_plan
 from autotune.probe import predicted_saving, rows
 
-from conftest import DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB, measure_example
-
-AUTOTUNE = os.path.join(os.path.dirname(sys.executable), "autotune")
+from conftest import AUTOTUNE, DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB, measure_example
 
 
 def probe_data(units: int = 4, saved: int = 10, inputs: int = 1, matmul_out: int = 3) -> dict:

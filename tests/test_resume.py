@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,9 +14,8 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from conftest import SYNTHETIC, alive, signal_as_a_trial_starts, stored_trials, trial_pids, wait_for
+from conftest import AUTOTUNE, SYNTHETIC, alive, signal_as_a_trial_starts, stored_trials, trial_pids, wait_for
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 SLOW = [
     "--",
     "--base-mib",
