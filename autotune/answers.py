@@ -1,4 +1,8 @@
-"""Answers from the database, with no trial and no torch: ``best``, ``studies``, ``show``."""
+"""Answers from the database, with no trial and no torch: ``best``, ``studies``, ``show``.
+
+A verified winner is answered from autotune's own tables; Optuna (and its storage) is imported only to read
+trials: an unverified answer, ``studies``' counts, ``show``. ``autotune best`` stays well under a second.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from autotune.budget import Budget, format_bytes
 from autotune.command import TrialCommand
 from autotune.devices import resolve_device
@@ -20,7 +22,6 @@ from autotune.paths import cache_dir, default_storage_url
 from autotune.probe import saving_per_sample
 from autotune.protocol import BACKEND_ENV, BATCH_SIZE_ENV, PLAN_ENV
 from autotune.records import TrialRecord
-from autotune.search import best_record, model_of, records_of
 from autotune.storage import Store, StudyRow, open_store
 
 DEFAULT_HEADROOM = 0.05
@@ -86,7 +87,7 @@ class StudySummary:
 
 
 def open_default(storage: str | None, cache: Path | None) -> Store:
-    return open_store(storage or default_storage_url(cache_dir(cache)))
+    return open_store(storage or default_storage_url(cache_dir(cache)), answering=True)
 
 
 def best(
@@ -179,6 +180,8 @@ def _for_budget(store: Store, rows: list[StudyRow], budget_bytes: int) -> BestAn
 
 
 def _from_trials(store: Store, rows: list[StudyRow], budget_bytes: int, headroom: float) -> BestAnswer:
+    from autotune.search import best_record
+
     limit = int(budget_bytes * (1 - headroom))
     found: list[tuple[TrialRecord, StudyRow]] = []
     for row in rows:
@@ -240,6 +243,8 @@ def plan_checks(
 ) -> list[PlanCheck]:
     if not probe_data:
         return []
+    from autotune.search import model_of
+
     model = model_of(records)
     checks = []
     for plan in plans:
@@ -255,6 +260,10 @@ def plan_checks(
 
 
 def _records(store: Store, name: str) -> list[TrialRecord]:
+    import optuna
+
+    from autotune.search import records_of
+
     try:
         return records_of(optuna.load_study(study_name=name, storage=store.optuna))
     except KeyError:

@@ -414,8 +414,7 @@ def best(
     from autotune import answers, render
     from autotune.command import TrialCommand
 
-    _quiet_optuna()
-    store = answers.open_default(storage, cache_dir)
+    store = answers.open_default(storage, cache_dir)  # imports Optuna only if it must read trials
     answer = answers.best(
         store,
         TrialCommand.parse(command) if command else None,

@@ -2,17 +2,22 @@
 
 - nvidia-ml-py is the maintained binding. An old ``pynvml`` 11.x package installs a module of the same name
   that shadows it; we warn, naming the fix. (pynvml 12+ is only a shim over nvidia-ml-py.)
+- Without NVIDIA's driver library there is no GPU to measure: we say so without importing the bindings
+  (330 KB of ctypes definitions, ~50 ms), which ``autotune best`` would otherwise pay on every CPU machine.
 - Tests without a GPU pass a fake module to the meters and device resolution instead (tests/fake_nvml.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
+import sys
 import warnings
 from typing import Any
 
 from autotune.errors import DeviceError
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
 _nvml: Any = None
 
 
@@ -26,6 +31,11 @@ def load_nvml() -> Any:
     if _nvml is not None:
         return _nvml
     _warn_if_shadowed()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(NVML_LIBRARY)  # what pynvml's nvmlInit loads first, on Linux
+        except OSError as e:
+            raise DeviceError(f"NVML is not available (no NVIDIA driver or GPU?): {e}") from e
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # pynvml 12+ shim warns on every import

@@ -9,9 +9,10 @@ it cannot fit; not run), ``copy`` (the sampler proposed a configuration measured
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from optuna.trial import FrozenTrial
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 MiB = 2**20
 COUNTED = ("measured",)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import random
@@ -22,7 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
@@ -214,3 +215,13 @@ def retrying(
                 cause = str(_transient_cause(e)).strip().splitlines()
                 log.warning("database busy or unreachable, retrying: %s", cause[0][:200] if cause else e)
             time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.0))
+
+
+def retried(method: Callable[..., T]) -> Callable[..., T]:
+    """``method`` with every call made through ``retrying`` (no deadline)."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> T:
+        return retrying(lambda: method(*args, **kwargs))
+
+    return call

@@ -94,6 +94,26 @@ def synthetic(cache: Path) -> Callable[..., TrialResult]:
     return run
 
 
+def in_a_fresh_interpreter(code: str, not_imported: tuple[str, ...] = (), timeout: float = 120) -> str:
+    """Run ``code`` in a new Python process; its stdout. Fails if the process fails or imported any module
+    of ``not_imported``: what the CLI's lazy imports keep out of commands that need no trial."""
+    check = (
+        f"\nimport sys\n_heavy = set({not_imported!r}) & set(sys.modules)\n"
+        "assert not _heavy, f'imported {sorted(_heavy)}'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code + check], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def cli_in_a_fresh_interpreter(argv: list[str], not_imported: tuple[str, ...], timeout: float = 120) -> str:
+    """``autotune ARGV`` through autotune.cli in a new process (exit 0 required); see in_a_fresh_interpreter."""
+    code = f"from autotune.cli import cli\ntry:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+    return in_a_fresh_interpreter(code, not_imported, timeout)
+
+
 def alive(pid: int) -> bool:
     """True while /proc has a non-zombie process ``pid`` (kill -0 would count zombies as alive)."""
     try:

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from autotune.cli import cli
 
-from conftest import AUTOTUNE, SYNTHETIC, MiB
+from conftest import AUTOTUNE, SYNTHETIC, MiB, cli_in_a_fresh_interpreter
 
 
 def measure_cli(cache: Path, *args: str) -> Result:
@@ -31,8 +31,7 @@ def test_help_lists_every_command_with_a_description() -> None:
 
 
 def test_help_and_the_console_script_never_import_torch() -> None:
-    code = "import sys\nfrom autotune.cli import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'\n"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+    assert "measure" in cli_in_a_fresh_interpreter(["--help"], not_imported=("torch",))
     proc = subprocess.run([AUTOTUNE, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "measure" in proc.stdout
 
@@ -213,14 +212,8 @@ def test_headroom_sets_the_limit_the_winner_must_stay_under(tmp_path) -> None:
 
 
 def test_doctor_reports_what_works_here_without_importing_torch() -> None:
-    code = (
-        "import sys\nfrom autotune.cli import cli\n"
-        "try:\n    cli(['doctor', '--json'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
-        "assert 'torch' not in sys.modules, 'the CLI imported torch'\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    output = cli_in_a_fresh_interpreter(["doctor", "--json"], not_imported=("torch",), timeout=300)
+    checks = {c["name"]: c for c in json.loads(output)}
     assert set(checks) == {
         "torch",
         "NVML (GPU memory)",

@@ -17,7 +17,7 @@ from autotune.measurement import MeasureSpec, TrialSettings, measure
 from autotune.meters import NvmlMeter, RssMeter
 from autotune.protocol import Outcome
 
-from conftest import SCRIPTS, MiB
+from conftest import SCRIPTS, MiB, in_a_fresh_interpreter
 from fake_nvml import FakeGpu, FakeNvml
 
 
@@ -79,6 +79,29 @@ def test_auto_falls_back_to_the_cpu_without_nvml_or_gpus() -> None:
     assert str(resolve_device("auto", {}, lambda: FakeNvml())) == "cpu"
     with pytest.raises(DeviceError, match="NVML is not available"):
         resolve_device("cuda", {}, no_nvml)
+
+
+def test_without_nvidias_driver_library_nvml_is_unavailable_before_its_bindings_are_imported() -> None:
+    """The real load_nvml on a machine with no NVIDIA driver (CI): a one-line DeviceError naming the missing
+    library, and the bindings (~50 ms of every `autotune best` on a CPU machine) never imported."""
+    import ctypes
+
+    from autotune.nvml import NVML_LIBRARY
+
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        pass
+    else:
+        pytest.skip("NVIDIA's driver library is installed here")
+    code = (
+        "from autotune.errors import DeviceError\nfrom autotune.nvml import load_nvml\n"
+        "try:\n    load_nvml()\nexcept DeviceError as e:\n    print(e)\n"
+    )
+    output = in_a_fresh_interpreter(code, not_imported=("pynvml",))
+    assert output.startswith(
+        f"NVML is not available (no NVIDIA driver or GPU?): {NVML_LIBRARY}: cannot open shared object file"
+    ), output
 
 
 @pytest.mark.parametrize("spec", ["gpu", "cuda:x", "cuda:-1", "tpu"])
