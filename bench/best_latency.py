@@ -26,15 +26,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "tests" / "scripts" / "synthetic.py"
 ARGS = ["--", "--base-mib", "20", "--per-sample-mib", "8", "--step-seconds", "0.05"]
-AUTOTUNE = [sys.executable, "-m", "autotune"]
 HEAVY = ("optuna", "numpy", "alembic", "torch", "pynvml")
+
+
+def console_script() -> str:
+    """The ``autotune`` users run (beside this interpreter, else on PATH), not ``python -m autotune``: from
+    the repository root that imports the checkout, which only an editable install maps autotune.storage into."""
+    beside = Path(sys.executable).with_name("autotune")
+    found = str(beside) if beside.exists() else shutil.which("autotune")
+    if found is None:
+        sys.exit("no autotune console script beside this Python or on PATH")
+    return found
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, str]:
     times, out = [], ""
     for _ in range(repeat):
         started = time.perf_counter()
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(argv, env=env, cwd=env["AUTOTUNE_CACHE_DIR"], capture_output=True, text=True)
         times.append(time.perf_counter() - started)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -48,7 +57,14 @@ def imported(cli_args: list[str], env: dict[str, str]) -> list[str]:
         f"try:\n    cli({cli_args!r})\nexcept SystemExit:\n    pass\n"
         f"print('\\nheavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=env["AUTOTUNE_CACHE_DIR"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return proc.stdout.rsplit("heavy:", 1)[1].split()
 
 
@@ -56,11 +72,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     repeat = parser.parse_args().repeat
+    autotune = [console_script()]
     cache = Path(tempfile.mkdtemp(prefix="autotune-best-"))
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(cache)}
     try:
         tune = [
-            *AUTOTUNE,
+            *autotune,
             "run",
             "--budget",
             "290MiB",
@@ -87,9 +104,9 @@ def main() -> None:
         full_open = f"from autotune.storage import open_store; open_store({url!r}).optuna"
         rows = [
             ("python -c pass", [sys.executable, "-c", "pass"], None),
-            ("autotune --help", [*AUTOTUNE, "--help"], None),
-            ("autotune best (verified winner)", [*AUTOTUNE, *best], best),
-            ("autotune best (no winner: from trials)", [*AUTOTUNE, *unverified], unverified),
+            ("autotune --help", [*autotune, "--help"], None),
+            ("autotune best (verified winner)", [*autotune, *best], best),
+            ("autotune best (no winner: from trials)", [*autotune, *unverified], unverified),
             ("open the database as a tuner does", [sys.executable, "-c", full_open], None),
         ]
         print(f"{sys.platform}, Python {sys.version.split()[0]}, {os.cpu_count()} cores; medians of {repeat}")
