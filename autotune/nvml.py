@@ -30,12 +30,12 @@ def load_nvml() -> Any:
     global _nvml
     if _nvml is not None:
         return _nvml
-    _warn_if_shadowed()
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(NVML_LIBRARY)  # what pynvml's nvmlInit loads first, on Linux
         except OSError as e:
             raise DeviceError(f"NVML is not available (no NVIDIA driver or GPU?): {e}") from e
+    _warn_if_shadowed()  # only where the bindings are about to be imported
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # pynvml 12+ shim warns on every import

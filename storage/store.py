@@ -78,21 +78,12 @@ class Store:
 
     Every method is retried while the database is locked or unreachable (see RetryingRDBStorage)."""
 
-    def __init__(
-        self,
-        engine: sa.Engine,
-        display_url: str,
-        optuna_storage: RDBStorage | Callable[[], RDBStorage],
-    ) -> None:
-        """``optuna_storage``: the storage itself (sharing ``engine``), or what builds it on first use."""
+    def __init__(self, engine: sa.Engine, display_url: str, optuna_storage: Callable[[], RDBStorage]) -> None:
+        """``optuna_storage`` returns Optuna's storage of this database; called once, on first use."""
         self.display_url = display_url
         self._engine = engine
+        self._optuna_storage = optuna_storage
         self._optuna: RDBStorage | None = None
-        self._build_optuna: Callable[[], RDBStorage] | None = None
-        if callable(optuna_storage):
-            self._build_optuna = optuna_storage
-        else:
-            self._optuna = optuna_storage
         self._optuna_lock = threading.Lock()
         # The lease key this thread last tried to insert, until the insert is answered: tells a retried
         # insert (whose first try may have committed) from a first try. Per thread, because the device
@@ -103,8 +94,7 @@ class Store:
     def optuna(self) -> RDBStorage:
         with self._optuna_lock:
             if self._optuna is None:
-                assert self._build_optuna is not None
-                self._optuna = self._build_optuna()
+                self._optuna = self._optuna_storage()
             return self._optuna
 
     @contextmanager
@@ -457,7 +447,7 @@ def open_store(url: str, *, answering: bool = False) -> Store:
                 database.prepare_sqlite(path)
             storage = _rdb_storage(parsed)
             migrate(storage.engine, path)
-    return Store(storage.engine, display, storage)
+    return Store(storage.engine, display, lambda: storage)
 
 
 def _engine_if_current(parsed: URL, path: Path | None) -> sa.Engine | None:
@@ -465,12 +455,8 @@ def _engine_if_current(parsed: URL, path: Path | None) -> sa.Engine | None:
     if path is not None and not path.exists():
         return None
     engine = sa.create_engine(parsed, **database.engine_kwargs(parsed))
-    try:
-        if current_revision(engine) == schema.HEAD_REVISION:
-            return engine
-    except BaseException:
-        engine.dispose()
-        raise
+    if current_revision(engine) == schema.HEAD_REVISION:
+        return engine
     engine.dispose()
     return None
 
