@@ -23,7 +23,6 @@ ignore FAILed trials and would propose the same OOM again.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import enum
 import os
@@ -384,11 +383,8 @@ class Search:
             origin = f"trial {lease.trial_number}" if lease.trial_number is not None else f"lease {lease.id}"
             self.store.queue(self.name, lease.kind, lease.batch_size, lease.plan, 1, origin)
 
-    def fail_trial(self, number: int, note: str) -> None:
-        frozen = self.study.trials[number]
-        if frozen.state is TrialState.RUNNING:
-            optuna.trial.Trial(self.study, frozen._trial_id).set_user_attr("note", note)
-            self.study.tell(number, state=TrialState.FAIL)
+    def fail_trial(self, number: int, note: str) -> bool:
+        return fail_trial(self.study, number, note)
 
     def recover(self) -> int:
         """Fail the leases (and trials) of dead workers and queue each configuration's one retry.
@@ -414,22 +410,40 @@ class Search:
             lease = leases.get(t.user_attrs.get("lease"))
             worker = str(t.user_attrs.get("worker", ""))
             if lease is not None and lease.state != "running":
-                self.fail_trial(t.number, lease.note or "its lease ended")
+                note = lease.note or "its lease ended"
             elif lease is None and _worker_state(worker, self.watch.host) == "dead":
-                self.fail_trial(t.number, f"worker {worker} died")
+                note = f"worker {worker} died"
             elif not worker and t.datetime_start and _age(t.datetime_start) > 2 * self.watch.grace:
-                self.fail_trial(t.number, "asked by a worker that never used it")
+                note = "asked by a worker that never used it"
             else:
                 continue
-            orphans += 1
+            orphans += self.fail_trial(t.number, note)
         return orphans
+
+
+def fail_trial(study: optuna.Study, number: int, note: str) -> bool:
+    """Fail a RUNNING trial with a note; False if it was found finished.
+
+    Workers race to fail a dead worker's trial (one fails the lease, another sees the trial orphaned by
+    it): whichever writes second finds it finished in the database, inside its own write, and leaves
+    it to the first. The check before the writes cannot settle it: the other may write in between."""
+    frozen = study.trials[number]
+    if frozen.state is not TrialState.RUNNING:
+        return False
+    try:
+        optuna.trial.Trial(study, frozen._trial_id).set_user_attr("note", note)
+        study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        return False
+    return True
 
 
 def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, limit: int) -> None:
     """Store a measured trial: every attribute first, then the value and constraint (or FAIL).
 
     The storage retries every write while the database is locked or unreachable (RetryingRDBStorage):
-    a finished measurement is never dropped for a transient error."""
+    a finished measurement is never dropped for a transient error. If another worker failed the trial
+    meanwhile (it took this worker for dead), the measurement is added as a trial of its own."""
     attrs = {
         "outcome": result.outcome.value,
         "peak_bytes": result.peak_bytes,
@@ -438,34 +452,35 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
         "log_dir": result.log_dir,
         "error": result.error.strip().splitlines()[0][:500] if result.error else None,
     }
-    for name, value in attrs.items():
-        trial.set_user_attr(name, value)
+    constraints: dict[str, float] = {}
+    value, state = None, TrialState.FAIL
     if result.outcome in (Outcome.COMPLETE, Outcome.OOM):
-        constraint = constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
-        trial.set_constraint("memory", constraint)
-        _tell(study, trial, result.samples_per_sec or 0.0, TrialState.COMPLETE)
-    else:
-        _tell(study, trial, None, TrialState.FAIL)
-
-
-def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None, state: TrialState) -> None:
-    """``study.tell`` (a storage retry may find the trial told already: the first tell committed, its
-    answer was lost). If another worker failed the trial
-    meanwhile (it took this worker for dead), the measurement is added as a trial of its own: a
-    finished measurement is never lost."""
-    with contextlib.suppress(UpdateFinishedTrialError):  # a retried tell whose first attempt committed
+        constraints["memory"] = constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
+        value, state = result.samples_per_sec or 0.0, TrialState.COMPLETE
+    try:
+        for name, attr in attrs.items():
+            trial.set_user_attr(name, attr)
+        for name, constraint in constraints.items():
+            trial.set_constraint(name, constraint)
         study.tell(trial, value, state=state, skip_if_finished=True)
+    except UpdateFinishedTrialError:  # failed as stale, or a retried tell whose first attempt committed
+        pass
     stored = trial.storage.get_trial(trial._trial_id)
     if stored.state is state or state is TrialState.FAIL:
         return
-    late = optuna.trial.create_trial(
-        params=stored.params,
-        distributions=stored.distributions,
-        value=value,
-        user_attrs={**stored.user_attrs, "note": f"late result of trial {stored.number}, failed as stale"},
-        system_attrs=stored.system_attrs,
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=stored.params,
+            distributions=stored.distributions,
+            value=value,
+            user_attrs={
+                **stored.user_attrs,
+                **attrs,
+                "note": f"late result of trial {stored.number}, failed as stale",
+            },
+            constraints=constraints,
+        )
     )
-    study.add_trial(late)
 
 
 def best_record(records: list[TrialRecord], limit: int) -> TrialRecord | None:

@@ -211,6 +211,7 @@ def test_headroom_sets_the_limit_the_winner_must_stay_under(tmp_path) -> None:
     )
 
 
+@pytest.mark.slow  # ORTModule trains a step (the first one in a session builds its extension)
 def test_doctor_reports_what_works_here_without_importing_torch() -> None:
     output = cli_in_a_fresh_interpreter(["doctor", "--json"], not_imported=("torch",), timeout=300)
     checks = {c["name"]: c for c in json.loads(output)}

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import AUTOTUNE, EXAMPLES
 
+pytestmark = pytest.mark.slow
 SMALL = {"gpt.py": ["--n-layer", "2", "--n-embd", "32", "--block-size", "32"], "mlp.py": []}
 
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import AUTOTUNE
 
 pytest.importorskip("onnxruntime", reason="the ort extra is not installed (pip install 'autotune[ort]')")
+pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ort_transformer.py"
 LIVE_BYTES = Path(__file__).parent / "scripts" / "ort_live_bytes.py"

@@ -1,0 +1,135 @@
+"""Workers racing on one trial, in one process with a storage (engine and Optuna cache) per worker, as
+separate worker processes have: failing a dead worker's trials, and a result told after its trial was
+failed as stale. Both once took a worker down with UpdateFinishedTrialError (a CI run of the killed-worker
+test in test_daemon.py: two workers failed the dead worker's trial at once)."""
+
+from __future__ import annotations
+
+import threading
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from autotune.measurement import TrialResult
+from autotune.protocol import Outcome
+from autotune.search import fail_trial, tell_result
+from autotune.storage import open_store
+
+MiB = 1 << 20
+SPACE = {"batch_size": CategoricalDistribution((8, 16)), "plan": CategoricalDistribution(("none", "all"))}
+
+
+def worker_s_view(url: str) -> optuna.Study:
+    """The study as one worker sees it: its own store, engine and trial cache."""
+    return optuna.create_study(
+        study_name="races", storage=open_store(url).optuna, direction="maximize", load_if_exists=True
+    )
+
+
+def test_two_workers_failing_the_same_trials_at_once_both_carry_on(storage) -> None:
+    asker = worker_s_view(storage)
+    numbers = [asker.ask(SPACE).number for _ in range(40)]
+    views = [worker_s_view(storage), worker_s_view(storage)]
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+    failed: list[list[bool]] = [[], []]
+
+    def fail_all(i: int) -> None:
+        start.wait()
+        try:
+            for n in numbers:
+                failed[i].append(fail_trial(views[i], n, f"failed by worker {i}"))
+        except BaseException as e:  # the assertion below shows it
+            errors.append(e)
+
+    threads = [threading.Thread(target=fail_all, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    assert [len(f) for f in failed] == [40, 40]
+    assert all(a or b for a, b in zip(*failed, strict=True))  # every trial failed by one of them at least
+    trials = worker_s_view(storage).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL] * 40
+    assert {t.user_attrs["note"] for t in trials} <= {"failed by worker 0", "failed by worker 1"}
+    assert fail_trial(views[0], numbers[0], "again") is False  # finished: left as it is
+    assert worker_s_view(storage).trials[0].user_attrs["note"] != "again"
+
+
+def result(outcome: Outcome, peak_mib: int, samples_per_sec: float | None) -> TrialResult:
+    return TrialResult(
+        outcome=outcome,
+        batch_size=16,
+        plan="all",
+        device="cpu",
+        device_name="cpu",
+        peak_bytes=peak_mib * MiB,
+        memory_method="rss",
+        samples_per_sec=samples_per_sec,
+        step_seconds=(0.1, 0.1),
+        wall_seconds=2.0,
+        log_dir="/logs/trial-0",
+        error=None if outcome is Outcome.COMPLETE else "RuntimeError: boom\n",
+    )
+
+
+def test_a_measurement_told_after_its_trial_was_failed_as_stale_is_kept_as_a_late_trial(storage) -> None:
+    mine, theirs = worker_s_view(storage), worker_s_view(storage)
+    trial = mine.ask(
+        {"batch_size": CategoricalDistribution((16,)), "plan": CategoricalDistribution(("all",))}
+    )
+    trial.set_user_attr("worker", "host-a:1:1")
+    # Another worker took this one for dead (its heartbeats stalled) while it was still measuring.
+    assert fail_trial(theirs, trial.number, "worker host-a:1:1 stopped heartbeating for 60s") is True
+
+    tell_result(mine, trial, result(Outcome.COMPLETE, 150, 123.5), limit=200 * MiB)
+
+    stale, late = worker_s_view(storage).get_trials()
+    assert (stale.number, stale.state, stale.user_attrs["note"]) == (
+        0,
+        TrialState.FAIL,
+        "worker host-a:1:1 stopped heartbeating for 60s",
+    )
+    assert (late.number, late.state, late.value, late.params) == (
+        1,
+        TrialState.COMPLETE,
+        123.5,
+        {"batch_size": 16, "plan": "all"},
+    )
+    assert late.constraints == {"memory": -50.0}
+    assert {
+        k: late.user_attrs[k] for k in ("worker", "outcome", "peak_bytes", "samples_per_sec", "note")
+    } == {
+        "worker": "host-a:1:1",
+        "outcome": "complete",
+        "peak_bytes": 150 * MiB,
+        "samples_per_sec": 123.5,
+        "note": "late result of trial 0, failed as stale",
+    }
+
+
+@pytest.mark.parametrize("outcome", [Outcome.FAILED, Outcome.TIMEOUT])
+def test_a_failure_told_after_its_trial_was_failed_as_stale_adds_nothing(storage, outcome) -> None:
+    mine, theirs = worker_s_view(storage), worker_s_view(storage)
+    trial = mine.ask(SPACE)
+    fail_trial(theirs, trial.number, "worker host-a:1:1 died")
+
+    tell_result(mine, trial, result(outcome, 30, None), limit=200 * MiB)
+
+    (stale,) = worker_s_view(storage).get_trials()
+    assert (stale.state, stale.user_attrs["note"]) == (TrialState.FAIL, "worker host-a:1:1 died")
+
+
+def test_a_retried_tell_whose_first_attempt_committed_stores_one_trial(storage) -> None:
+    """The storage retries a write whose answer was lost: the second tell finds the trial told."""
+    mine = worker_s_view(storage)
+    trial = mine.ask(SPACE)
+    tell_result(mine, trial, result(Outcome.COMPLETE, 150, 99.0), limit=200 * MiB)
+    tell_result(mine, trial, result(Outcome.COMPLETE, 150, 99.0), limit=200 * MiB)
+
+    (told,) = worker_s_view(storage).get_trials()
+    assert (told.state, told.value, told.constraints) == (TrialState.COMPLETE, 99.0, {"memory": -50.0})
