@@ -371,15 +371,15 @@ class Search:
 
     def fail_lease(self, lease: Lease, why: str) -> None:
         """Fail a lease whose worker will not finish it, with its trials, and queue its one retry."""
-        self.store.end_lease(lease.id, "failed", why)
-        self._after_failure(lease, why)
+        note = failure_note(lease, why)
+        self.store.end_lease(lease.id, "failed", note)
+        self._after_failure(lease, note)
 
-    def _after_failure(self, lease: Lease, why: str) -> None:
-        retry = lease.attempt == 0
+    def _after_failure(self, lease: Lease, note: str) -> None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get("lease") == lease.id:
-                self.fail_trial(t.number, why + ("; retried once" if retry else ""))
-        if retry:
+                self.fail_trial(t.number, note)
+        if lease.attempt == 0:
             origin = f"trial {lease.trial_number}" if lease.trial_number is not None else f"lease {lease.id}"
             self.store.queue(self.name, lease.kind, lease.batch_size, lease.plan, 1, origin)
 
@@ -396,8 +396,11 @@ class Search:
             if lease.worker == self.worker:
                 continue
             why = self.watch.dead(lease)
-            if why is not None and self.store.fail_if_silent(lease.id, lease.beats, why):
-                self._after_failure(lease, why)
+            if why is None:
+                continue
+            note = failure_note(lease, why)
+            if self.store.fail_if_silent(lease.id, lease.beats, note):
+                self._after_failure(lease, note)
                 failed += 1
         return failed + self._fail_orphans()
 
@@ -419,6 +422,12 @@ class Search:
                 continue
             orphans += self.fail_trial(t.number, note)
         return orphans
+
+
+def failure_note(lease: Lease, why: str) -> str:
+    """The note of a failed lease and of its trial: one string for both, so the trial reads the same
+    whether the worker that failed the lease fails it, or another worker that finds it orphaned first."""
+    return why + ("; retried once" if lease.attempt == 0 else "")
 
 
 def fail_trial(study: optuna.Study, number: int, note: str) -> bool:

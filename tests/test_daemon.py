@@ -134,7 +134,8 @@ def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage
     signal_as_a_trial_starts(doomed, signal.SIGKILL, tmp_path, started_by=doomed.pid)
     doomed.wait()
     running = doomed_is_measuring()  # its trial stays RUNNING until the others judge it dead (3 s)
-    assert len(running) == 1, running
+    summary = [(t.number, t.state.name, t.user_attrs.get("kind")) for t in stored_trials(storage, "faults")]
+    assert len(running) == 1, summary
     killed = running[0]
     time.sleep(1.0)
     assert trial_pids(tmp_path, doomed.pid) == []  # its trial died with it (PDEATHSIG)

@@ -1,7 +1,8 @@
 """Workers racing on one trial, in one process with a storage (engine and Optuna cache) per worker, as
 separate worker processes have: failing a dead worker's trials, and a result told after its trial was
 failed as stale. Both once took a worker down with UpdateFinishedTrialError (a CI run of the killed-worker
-test in test_daemon.py: two workers failed the dead worker's trial at once)."""
+test in test_daemon.py: two workers failed the dead worker's trial at once). The orders in which two
+workers can fail a dead worker's lease and its trial all end in the same database."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from optuna.trial import TrialState
 
 from autotune.measurement import TrialResult
 from autotune.protocol import Outcome
-from autotune.search import fail_trial, tell_result
+from autotune.reporting import SilentReporter
+from autotune.search import Search, fail_trial, failure_note, tell_result
+from autotune.space import SearchSpace
 from autotune.storage import open_store
 
 MiB = 1 << 20
@@ -133,3 +136,76 @@ def test_a_retried_tell_whose_first_attempt_committed_stores_one_trial(storage) 
 
     (told,) = worker_s_view(storage).get_trials()
     assert (told.state, told.value, told.constraints) == (TrialState.COMPLETE, 99.0, {"memory": -50.0})
+
+
+def a_worker(url: str, name: str) -> Search:
+    """A search as a live worker of this host runs it; a lease is dead once its beats stop (grace 0)."""
+    study = optuna.create_study(
+        study_name="races", storage=open_store(url).optuna, direction="maximize", load_if_exists=True
+    )
+    space = SearchSpace(batch_sizes=(8, 16), plans=("none", "all"))
+    never_runs = None
+    return Search(
+        study,
+        space,
+        200 * MiB,
+        never_runs,
+        4,
+        SilentReporter(),
+        open_store(url),
+        "cpu",
+        grace=0.0,
+        worker=name,
+    )
+
+
+def a_dead_worker_s_trial(url: str) -> tuple[int, int]:
+    """A trial measured by a worker on another host that died (its lease beats no more): (trial, lease)."""
+    store = open_store(url)
+    lease = store.claim("races", "trial", 16, "all", 0, "host-b:7:7", "cuda:0")
+    assert lease is not None
+    trial = worker_s_view(url).ask(
+        {"batch_size": CategoricalDistribution((16,)), "plan": CategoricalDistribution(("all",))}
+    )
+    trial.set_user_attr("worker", "host-b:7:7")
+    trial.set_user_attr("lease", lease.id)
+    store.set_lease_trial(lease.id, trial.number)
+    return trial.number, lease.id
+
+
+NOTE = "worker host-b:7:7 stopped heartbeating for 0s; retried once"
+
+
+def after(url: str, number: int, lease_id: int) -> tuple[str, str, str | None, list[tuple[str, int]]]:
+    store = open_store(url)
+    trial = worker_s_view(url).trials[number]
+    leases = store.leases("races")
+    failed = next(x for x in leases if x.id == lease_id)
+    return (
+        trial.state.name,
+        trial.user_attrs["note"],
+        failed.note,
+        [(x.state, x.attempt) for x in leases if x.id != lease_id],
+    )
+
+
+def test_the_worker_that_fails_a_dead_lease_fails_its_trial_with_the_same_note(storage) -> None:
+    number, lease_id = a_dead_worker_s_trial(storage)
+    other = a_worker(storage, "host-a:1:1")
+    assert other.recover() == 0  # first sight of the lease's beats
+    assert other.recover() == 1  # unchanged since: dead
+
+    assert after(storage, number, lease_id) == ("FAIL", NOTE, NOTE, [("queued", 1)])
+
+
+def test_a_worker_that_finds_the_trial_orphaned_first_leaves_the_same_database(storage) -> None:
+    """Worker A fails the lease; before A fails the trial, worker B finds it orphaned and fails it."""
+    number, lease_id = a_dead_worker_s_trial(storage)
+    a, b = a_worker(storage, "host-a:1:1"), a_worker(storage, "host-a:2:2")
+    lease = next(x for x in a.store.leases("races") if x.id == lease_id)
+    why = "worker host-b:7:7 stopped heartbeating for 0s"
+    assert a.store.fail_if_silent(lease.id, lease.beats, failure_note(lease, why))  # A's recover, part 1
+    assert b.recover() == 1  # B: a RUNNING trial whose lease ended
+    a._after_failure(lease, failure_note(lease, why))  # A's recover, part 2: the trial is failed already
+
+    assert after(storage, number, lease_id) == ("FAIL", NOTE, NOTE, [("queued", 1)])

@@ -75,20 +75,22 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     ]
     wait_for(lambda: counted() >= 2)
 
-    # `best` from a second process while the run writes: not verified yet, answered from fitting trials.
-    answer = subprocess.run(
-        [AUTOTUNE, "best", "--study", "resume", "--storage", storage, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert answer.returncode == 0, answer.stderr
-    assert json.loads(answer.stdout)["verified"] is False
-
+    # `best` from a second process while the run writes (not verified yet: answered from fitting trials),
+    # started beside the kill rather than before it: waiting for it, on a loaded machine, let the run
+    # reach its verification, and the kill hit that instead of a measured trial.
+    best = [AUTOTUNE, "best", "--study", "resume", "--storage", storage, "--json"]
+    answer = subprocess.Popen(best, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     signal_as_a_trial_starts(first, signal.SIGKILL, tmp_path)
     first.wait()
+    out, err = answer.communicate(timeout=60)
+    assert answer.returncode == 0, err
+    assert json.loads(out)["verified"] is False
+
     running = measuring()
-    assert len(running) == 1, running  # the trial the kill interrupted
+    kinds = [
+        (t.number, t.state.name, t.user_attrs.get("kind")) for t in trials_of(tmp_path, "resume", storage)
+    ]
+    assert len(running) == 1, kinds  # the trial the kill interrupted
     interrupted = running[0]
     time.sleep(1.0)
     assert [pid for pid in trial_pids(tmp_path) if alive(pid)] == []
@@ -139,9 +141,10 @@ def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) 
     measured = [
         (t.params["batch_size"], t.params["plan"]) for t in trials if t.user_attrs["kind"] == "measured"
     ]
-    assert len(measured) == len(set(measured)) == 8
+    summary = [(t.number, t.state.name, t.user_attrs["kind"], t.user_attrs.get("worker")) for t in trials]
+    assert len(measured) == len(set(measured)) == 8, summary
     workers = {t.user_attrs["worker"].split(":")[1] for t in trials if t.user_attrs["kind"] == "measured"}
-    assert workers == {str(first.pid), str(second.pid)}
+    assert workers == {str(first.pid), str(second.pid)}, summary
     assert [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     verified = [t for t in trials if t.user_attrs["kind"] == "verification"]
     assert len(verified) == 1
