@@ -487,6 +487,8 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
                 **attrs,
                 "note": f"late result of trial {stored.number}, failed as stale",
             },
+            # the sampler's own attributes; the constraint is this measurement's, whether or not it was set
+            system_attrs={k: v for k, v in stored.system_attrs.items() if not k.startswith("constraints:")},
             constraints=constraints,
         )
     )
