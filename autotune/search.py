@@ -366,7 +366,7 @@ class Search:
 
     def release(self, lease: Lease, number: int) -> None:
         """A stopping worker gives its configuration back (same attempt: stopping is not a fault)."""
-        self.fail_trial(number, "released: its worker was stopped")
+        fail_trial(self.study, number, "released: its worker was stopped")
         self.store.release(lease.id, "released by a stopping worker")
 
     def fail_lease(self, lease: Lease, why: str) -> None:
@@ -378,13 +378,10 @@ class Search:
     def _after_failure(self, lease: Lease, note: str) -> None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get("lease") == lease.id:
-                self.fail_trial(t.number, note)
+                fail_trial(self.study, t.number, note)
         if lease.attempt == 0:
             origin = f"trial {lease.trial_number}" if lease.trial_number is not None else f"lease {lease.id}"
             self.store.queue(self.name, lease.kind, lease.batch_size, lease.plan, 1, origin)
-
-    def fail_trial(self, number: int, note: str) -> bool:
-        return fail_trial(self.study, number, note)
 
     def recover(self) -> int:
         """Fail the leases (and trials) of dead workers and queue each configuration's one retry.
@@ -420,7 +417,7 @@ class Search:
                 note = "asked by a worker that never used it"
             else:
                 continue
-            orphans += self.fail_trial(t.number, note)
+            orphans += fail_trial(self.study, t.number, note)
         return orphans
 
 

@@ -44,7 +44,16 @@ from autotune.plans import parse_backend_plan
 from autotune.protocol import Outcome
 from autotune.records import TrialRecord, constraint_mib
 from autotune.reporting import Reporter, SilentReporter
-from autotune.search import LeaseWatch, Search, Step, best_record, records_of, tell_result, worker_id
+from autotune.search import (
+    LeaseWatch,
+    Search,
+    Step,
+    best_record,
+    fail_trial,
+    records_of,
+    tell_result,
+    worker_id,
+)
 from autotune.space import SearchSpace, build_space, parse_batch_sizes
 from autotune.storage import BestRow, Lease, Store, StudyRow, open_store
 
@@ -541,7 +550,7 @@ def _verify_lease(search: Search, lease: Lease, run_long: Any) -> BestRow | None
         search.release(lease, trial.number)
         raise
     except KeyboardInterrupt:  # a verification is not retried here: the next run verifies again
-        search.fail_trial(trial.number, "interrupted")
+        fail_trial(study, trial.number, "interrupted")
         store.forget_lease(lease.id)
         raise
     tell_result(study, trial, result, limit)

@@ -30,6 +30,7 @@ from conftest import (
     signal_as_a_trial_starts,
     stored_trials,
     trial_pids,
+    trial_summary,
     wait_for,
 )
 
@@ -134,8 +135,7 @@ def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage
     signal_as_a_trial_starts(doomed, signal.SIGKILL, tmp_path, started_by=doomed.pid)
     doomed.wait()
     running = doomed_is_measuring()  # its trial stays RUNNING until the others judge it dead (3 s)
-    summary = [(t.number, t.state.name, t.user_attrs.get("kind")) for t in stored_trials(storage, "faults")]
-    assert len(running) == 1, summary
+    assert len(running) == 1, trial_summary(stored_trials(storage, "faults"))
     killed = running[0]
     time.sleep(1.0)
     assert trial_pids(tmp_path, doomed.pid) == []  # its trial died with it (PDEATHSIG)

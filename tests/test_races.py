@@ -18,17 +18,22 @@ from autotune.protocol import Outcome
 from autotune.reporting import SilentReporter
 from autotune.search import Search, fail_trial, failure_note, tell_result
 from autotune.space import SearchSpace
-from autotune.storage import open_store
+from autotune.storage import Store, open_store
 
 MiB = 1 << 20
 SPACE = {"batch_size": CategoricalDistribution((8, 16)), "plan": CategoricalDistribution(("none", "all"))}
+AT_16_ALL = {"batch_size": CategoricalDistribution((16,)), "plan": CategoricalDistribution(("all",))}
+
+
+def study_of(store: Store) -> optuna.Study:
+    return optuna.create_study(
+        study_name="races", storage=store.optuna, direction="maximize", load_if_exists=True
+    )
 
 
 def worker_s_view(url: str) -> optuna.Study:
     """The study as one worker sees it: its own store, engine and trial cache."""
-    return optuna.create_study(
-        study_name="races", storage=open_store(url).optuna, direction="maximize", load_if_exists=True
-    )
+    return study_of(open_store(url))
 
 
 def test_two_workers_failing_the_same_trials_at_once_both_carry_on(storage) -> None:
@@ -82,9 +87,7 @@ def result(outcome: Outcome, peak_mib: int, samples_per_sec: float | None) -> Tr
 
 def test_a_measurement_told_after_its_trial_was_failed_as_stale_is_kept_as_a_late_trial(storage) -> None:
     mine, theirs = worker_s_view(storage), worker_s_view(storage)
-    trial = mine.ask(
-        {"batch_size": CategoricalDistribution((16,)), "plan": CategoricalDistribution(("all",))}
-    )
+    trial = mine.ask(AT_16_ALL)
     trial.set_user_attr("worker", "host-a:1:1")
     # Another worker took this one for dead (its heartbeats stalled) while it was still measuring.
     assert fail_trial(theirs, trial.number, "worker host-a:1:1 stopped heartbeating for 60s") is True
@@ -139,20 +142,19 @@ def test_a_retried_tell_whose_first_attempt_committed_stores_one_trial(storage) 
 
 
 def a_worker(url: str, name: str) -> Search:
-    """A search as a live worker of this host runs it; a lease is dead once its beats stop (grace 0)."""
-    study = optuna.create_study(
-        study_name="races", storage=open_store(url).optuna, direction="maximize", load_if_exists=True
-    )
+    """A search as another live worker runs it (it never runs a trial here); a lease is dead once its
+    beats stop (grace 0)."""
+    store = open_store(url)
     space = SearchSpace(batch_sizes=(8, 16), plans=("none", "all"))
     never_runs = None
     return Search(
-        study,
+        study_of(store),
         space,
         200 * MiB,
         never_runs,
         4,
         SilentReporter(),
-        open_store(url),
+        store,
         "cpu",
         grace=0.0,
         worker=name,
@@ -164,9 +166,7 @@ def a_dead_worker_s_trial(url: str) -> tuple[int, int]:
     store = open_store(url)
     lease = store.claim("races", "trial", 16, "all", 0, "host-b:7:7", "cuda:0")
     assert lease is not None
-    trial = worker_s_view(url).ask(
-        {"batch_size": CategoricalDistribution((16,)), "plan": CategoricalDistribution(("all",))}
-    )
+    trial = worker_s_view(url).ask(AT_16_ALL)
     trial.set_user_attr("worker", "host-b:7:7")
     trial.set_user_attr("lease", lease.id)
     store.set_lease_trial(lease.id, trial.number)

@@ -14,7 +14,16 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from conftest import AUTOTUNE, SYNTHETIC, alive, signal_as_a_trial_starts, stored_trials, trial_pids, wait_for
+from conftest import (
+    AUTOTUNE,
+    SYNTHETIC,
+    alive,
+    signal_as_a_trial_starts,
+    stored_trials,
+    trial_pids,
+    trial_summary,
+    wait_for,
+)
 
 SLOW = [
     "--",
@@ -87,10 +96,7 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     assert json.loads(out)["verified"] is False
 
     running = measuring()
-    kinds = [
-        (t.number, t.state.name, t.user_attrs.get("kind")) for t in trials_of(tmp_path, "resume", storage)
-    ]
-    assert len(running) == 1, kinds  # the trial the kill interrupted
+    assert len(running) == 1, trial_summary(trials_of(tmp_path, "resume", storage))  # the one it interrupted
     interrupted = running[0]
     time.sleep(1.0)
     assert [pid for pid in trial_pids(tmp_path) if alive(pid)] == []
@@ -141,7 +147,7 @@ def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) 
     measured = [
         (t.params["batch_size"], t.params["plan"]) for t in trials if t.user_attrs["kind"] == "measured"
     ]
-    summary = [(t.number, t.state.name, t.user_attrs["kind"], t.user_attrs.get("worker")) for t in trials]
+    summary = trial_summary(trials)
     assert len(measured) == len(set(measured)) == 8, summary
     workers = {t.user_attrs["worker"].split(":")[1] for t in trials if t.user_attrs["kind"] == "measured"}
     assert workers == {str(first.pid), str(second.pid)}, summary
