@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.budget import Budget, format_bytes, parse_budget
-from autotune.errors import AutotuneError
-from autotune.plans import Plan, parse_plan
-from autotune.trial import batch_size, prepare, step
+from autotune.core.budget import Budget, format_bytes, parse_budget
+from autotune.core.errors import AutotuneError
+from autotune.core.plans import Plan, parse_plan
+from autotune.runtime.trial import batch_size, prepare, step
 
 if TYPE_CHECKING:
-    from autotune.measurement import MeasureSpec, TrialResult, TrialSettings, measure
+    from autotune.trials.measurement import MeasureSpec, TrialResult, TrialSettings, measure
 
 __all__ = [
     "AutotuneError",
@@ -46,7 +46,7 @@ _LAZY = {"measure", "MeasureSpec", "TrialResult", "TrialSettings"}
 def __getattr__(name: str) -> Any:
     # The tuner-side API pulls in the launcher and meters; a training script importing autotune does not need them.
     if name in _LAZY:
-        from autotune import measurement
+        from autotune.trials import measurement
 
         return getattr(measurement, name)
     raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.command import TrialCommand
-from autotune.devices import cpu_device
-from autotune.measurement import TrialSettings, run_trial
-from autotune.meters import MemoryReading, RssMeter
-from autotune.plans import Plan
+from autotune.trials.command import TrialCommand
+from autotune.hardware.devices import cpu_device
+from autotune.trials.measurement import TrialSettings, run_trial
+from autotune.hardware.meters import MemoryReading, RssMeter
+from autotune.core.plans import Plan
 
 SYNTHETIC = Path(__file__).parent.parent / "tests" / "scripts" / "synthetic.py"
 MiB = 2**20

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from autotune.budget import format_bytes
+from autotune.core.budget import format_bytes
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ort_transformer.py"
 ARGS = ["--seq", "256", "--d-model", "256", "--layers", "4"]

@@ -16,13 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune.budget import format_bytes
-from autotune.command import TrialCommand
-from autotune.devices import cpu_device
-from autotune.measurement import TrialSettings, run_trial
-from autotune.meters import RssMeter
-from autotune.plans import parse_plan
-from autotune.probe import predicted_saving
+from autotune.core.budget import format_bytes
+from autotune.trials.command import TrialCommand
+from autotune.hardware.devices import cpu_device
+from autotune.trials.measurement import TrialSettings, run_trial
+from autotune.hardware.meters import RssMeter
+from autotune.core.plans import parse_plan
+from autotune.backends.probe import predicted_saving
 
 GPT = Path(__file__).parent.parent / "examples" / "gpt.py"
 PLANS = ("none", "all", "Block:1/save=attention+matmul")

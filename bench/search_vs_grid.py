@@ -19,14 +19,14 @@ from pathlib import Path
 
 import optuna
 
-from autotune.budget import format_bytes, parse_budget
-from autotune.command import TrialCommand
-from autotune.devices import cpu_device
-from autotune.measurement import TrialSettings, run_trial
-from autotune.meters import RssMeter
-from autotune.plans import parse_plan
-from autotune.space import parse_batch_sizes
-from autotune.tuning import TuneSpec, tune
+from autotune.core.budget import format_bytes, parse_budget
+from autotune.trials.command import TrialCommand
+from autotune.hardware.devices import cpu_device
+from autotune.trials.measurement import TrialSettings, run_trial
+from autotune.hardware.meters import RssMeter
+from autotune.core.plans import parse_plan
+from autotune.search.space import parse_batch_sizes
+from autotune.workers.tune import TuneSpec, tune
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

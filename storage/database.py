@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from autotune.errors import StorageError
+from autotune.core.errors import StorageError
 
 T = TypeVar("T")
 log = logging.getLogger("autotune.storage")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from autotune.errors import StorageError
+from autotune.core.errors import StorageError
 from autotune.storage.schema import HEAD_REVISION, VERSION_TABLE
 
 MIGRATIONS = Path(__file__).with_name("migrations")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from autotune.errors import StorageError
+from autotune.core.errors import StorageError
 from autotune.storage import database, schema
 from autotune.storage.database import retried
 from autotune.storage.migrate import current_revision, migrate

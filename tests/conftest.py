@@ -14,11 +14,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.command import TrialCommand
-from autotune.devices import cpu_device
-from autotune.measurement import TrialResult, TrialSettings, run_trial
-from autotune.meters import RssMeter
-from autotune.plans import Plan
+from autotune.trials.command import TrialCommand
+from autotune.hardware.devices import cpu_device
+from autotune.trials.measurement import TrialResult, TrialSettings, run_trial
+from autotune.hardware.meters import RssMeter
+from autotune.core.plans import Plan
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SYNTHETIC = SCRIPTS / "synthetic.py"
@@ -109,8 +109,8 @@ def in_a_fresh_interpreter(code: str, not_imported: tuple[str, ...] = (), timeou
 
 
 def cli_in_a_fresh_interpreter(argv: list[str], not_imported: tuple[str, ...], timeout: float = 120) -> str:
-    """``autotune ARGV`` through autotune.cli in a new process (exit 0 required); see in_a_fresh_interpreter."""
-    code = f"from autotune.cli import cli\ntry:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+    """``autotune ARGV`` through autotune.cli.commands in a new process (exit 0 required); see in_a_fresh_interpreter."""
+    code = f"from autotune.cli.commands import cli\ntry:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
     return in_a_fresh_interpreter(code, not_imported, timeout)
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.budget import format_bytes, parse_budget
-from autotune.errors import InputError
+from autotune.core.budget import format_bytes, parse_budget
+from autotune.core.errors import InputError
 
 GiB = 2**30
 

@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from autotune.cli import cli
+from autotune.cli.commands import cli
 
 from conftest import AUTOTUNE, SYNTHETIC, MiB, cli_in_a_fresh_interpreter
 
@@ -158,7 +158,7 @@ def test_every_command_has_help() -> None:
 
 
 def test_debug_shows_the_traceback_instead_of_one_line(tmp_path) -> None:
-    from autotune.errors import InputError
+    from autotune.core.errors import InputError
 
     plain = CliRunner().invoke(cli, ["measure", "nope.py", "-b", "1", "--cache-dir", str(tmp_path)])
     assert (plain.exit_code, plain.output.strip()) == (2, "Error: script not found: nope.py")

@@ -18,10 +18,10 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from autotune.budget import parse_budget
-from autotune.command import TrialCommand
-from autotune.measurement import TrialSettings
-from autotune.tuning import TuneSpec, tune
+from autotune.core.budget import parse_budget
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import TrialSettings
+from autotune.workers.tune import TuneSpec, tune
 
 from conftest import (
     AUTOTUNE,

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.command import TrialCommand
-from autotune.devices import resolve_device
-from autotune.errors import DeviceError, InputError
-from autotune.measurement import MeasureSpec, TrialSettings, measure
-from autotune.meters import NvmlMeter, RssMeter
-from autotune.protocol import Outcome
+from autotune.trials.command import TrialCommand
+from autotune.hardware.devices import resolve_device
+from autotune.core.errors import DeviceError, InputError
+from autotune.trials.measurement import MeasureSpec, TrialSettings, measure
+from autotune.hardware.meters import NvmlMeter, RssMeter
+from autotune.core.protocol import Outcome
 
 from conftest import SCRIPTS, MiB, in_a_fresh_interpreter
 from fake_nvml import FakeGpu, FakeNvml
@@ -86,7 +86,7 @@ def test_without_nvidias_driver_library_nvml_is_unavailable_before_its_bindings_
     library, and the bindings (~50 ms of every `autotune best` on a CPU machine) never imported."""
     import ctypes
 
-    from autotune.nvml import NVML_LIBRARY
+    from autotune.hardware.nvml import NVML_LIBRARY
 
     try:
         ctypes.CDLL(NVML_LIBRARY)
@@ -95,7 +95,7 @@ def test_without_nvidias_driver_library_nvml_is_unavailable_before_its_bindings_
     else:
         pytest.skip("NVIDIA's driver library is installed here")
     code = (
-        "from autotune.errors import DeviceError\nfrom autotune.nvml import load_nvml\n"
+        "from autotune.core.errors import DeviceError\nfrom autotune.hardware.nvml import load_nvml\n"
         "try:\n    load_nvml()\nexcept DeviceError as e:\n    print(e)\n"
     )
     output = in_a_fresh_interpreter(code, not_imported=("pynvml",))
@@ -146,7 +146,7 @@ def test_a_trial_pinned_by_uuid_in_cuda_visible_devices(fake, tmp_path) -> None:
 
 @pytest.mark.gpu
 def test_real_nvml_measures_a_cuda_trial(tmp_path) -> None:
-    from autotune.nvml import load_nvml
+    from autotune.hardware.nvml import load_nvml
 
     try:
         load_nvml()
@@ -178,7 +178,7 @@ def test_an_old_pynvml_package_shadowing_the_bindings_is_named(monkeypatch, vers
     import importlib.metadata
     import warnings
 
-    from autotune import nvml
+    from autotune.hardware import nvml
 
     def fake_version(name: str) -> str:
         if version is None:

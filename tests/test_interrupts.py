@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from autotune.interrupts import InterruptShield
+from autotune.trials.interrupts import InterruptShield
 
 
 def sigint() -> None:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
-from autotune.errors import StorageError
+from autotune.core.errors import StorageError
 from autotune.storage import Store, open_store
 
 WORKER = "host:1234:5678"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.protocol import Outcome
+from autotune.core.protocol import Outcome
 
 from conftest import SYNTHETIC, MiB, alive
 
@@ -88,11 +88,11 @@ def test_a_memory_error_is_oom(synthetic) -> None:
 
 
 def test_torch_cpu_allocator_failure_is_oom(cache) -> None:
-    from autotune.command import TrialCommand
-    from autotune.devices import cpu_device
-    from autotune.measurement import TrialSettings, run_trial
-    from autotune.meters import RssMeter
-    from autotune.plans import Plan
+    from autotune.trials.command import TrialCommand
+    from autotune.hardware.devices import cpu_device
+    from autotune.trials.measurement import TrialSettings, run_trial
+    from autotune.hardware.meters import RssMeter
+    from autotune.core.plans import Plan
 
     script = cache / "huge.py"
     script.write_text("import torch\ntorch.empty(2**62, dtype=torch.uint8)\n")
@@ -204,8 +204,8 @@ def _zombies_of(parent: int) -> list[int]:
 
 @pytest.mark.parametrize("bad", ["missing.py"])
 def test_a_missing_script_is_an_input_error(bad: str) -> None:
-    from autotune.command import TrialCommand
-    from autotune.errors import InputError
+    from autotune.trials.command import TrialCommand
+    from autotune.core.errors import InputError
 
     with pytest.raises(InputError, match=r"script not found: missing\.py"):
         TrialCommand.parse([bad])

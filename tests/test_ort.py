@@ -161,7 +161,7 @@ def test_a_tuner_skips_the_extension_check_while_the_loaded_library_is_unchanged
 ) -> None:
     """The decision only: the check's child process is replaced by a recorder (a real check imports torch
     and ORT, ~3 s; the tests above run it for real)."""
-    from autotune import ort_plans
+    from autotune.backends import ort_plans
     from autotune.backends.ort import extension_build_dir
 
     environ = {**os.environ, "AUTOTUNE_ORT_BUILD_DIR": str(tmp_path)}

@@ -20,8 +20,8 @@ def test_the_wheel_carries_the_shim_the_injection_and_the_migrations(tmp_path) -
     (wheel,) = tmp_path.glob("autotune-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
-        "autotune/_shim.py",
-        "autotune/_inject/sitecustomize.py",
+        "autotune/trials/_shim.py",
+        "autotune/runtime/_inject/sitecustomize.py",
         "autotune/storage/schema.py",
         "autotune/storage/migrations/env.py",
         "autotune/storage/migrations/script.py.mako",

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import InputError
-from autotune.plans import ModuleRule, Plan, parse_plan
+from autotune.core.errors import InputError
+from autotune.core.plans import ModuleRule, Plan, parse_plan
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from autotune.plans import parse_plan
-from autotune.probe import predicted_saving, rows
+from autotune.core.plans import parse_plan
+from autotune.backends.probe import predicted_saving, rows
 
 from conftest import AUTOTUNE, DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB, measure_example
 
@@ -179,7 +179,7 @@ def test_a_model_without_repeated_modules_says_so(tmp_path) -> None:
 
 
 def test_operator_level_plans_are_accepted_where_plans_are(tmp_path) -> None:
-    from autotune.space import parse_plan_list
+    from autotune.search.space import parse_plan_list
 
     assert parse_plan_list(["none;Block:1/save=matmul;Block:0.5/recompute=softmax+dropout"]) == (
         "none",

@@ -13,11 +13,11 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.measurement import TrialResult
-from autotune.protocol import Outcome
-from autotune.reporting import SilentReporter
-from autotune.search import Search, fail_trial, failure_note, tell_result
-from autotune.space import SearchSpace
+from autotune.trials.measurement import TrialResult
+from autotune.core.protocol import Outcome
+from autotune.search.reporting import SilentReporter
+from autotune.search.loop import Search, fail_trial, failure_note, tell_result
+from autotune.search.space import SearchSpace
 from autotune.storage import Store, open_store
 
 MiB = 1 << 20

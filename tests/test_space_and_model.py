@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import InputError
-from autotune.memory_model import MemoryModel, Observation
-from autotune.space import default_plans, ladder, parse_batch_sizes, parse_plan_list
+from autotune.core.errors import InputError
+from autotune.search.memory_model import MemoryModel, Observation
+from autotune.search.space import default_plans, ladder, parse_batch_sizes, parse_plan_list
 
 MiB = 2**20
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from autotune.backends.torch_modules import apply_plan, find_candidates
-from autotune.errors import InputError
-from autotune.plans import parse_plan
+from autotune.core.errors import InputError
+from autotune.core.plans import parse_plan
 
 from conftest import EXAMPLES
 
@@ -91,7 +91,7 @@ def test_deepcopy_of_a_checkpointed_model_runs_its_own_modules() -> None:
 
 def test_prepare_outside_a_trial_follows_autotune_plan(monkeypatch) -> None:
     import autotune
-    from autotune import trial
+    from autotune.runtime import trial
 
     monkeypatch.setattr(trial, "_loaded", True)
     monkeypatch.setattr(trial, "_trial", None)

@@ -31,7 +31,7 @@ one. Facts this module rests on were measured on this project's machines (shared
      built library in milliseconds), registers it under ORT's module name, and clears the init error ORT
      recorded because no library lay in its package folder.
 
-The tuner sets the ORT environment of each trial (autotune.ort_plans.environment):
+The tuner sets the ORT environment of each trial (autotune.backends.ort_plans.environment):
 ``ORTMODULE_FALLBACK_POLICY=FALLBACK_DISABLE`` (a silent fallback to PyTorch would measure the wrong thing),
 the plan (``ORTMODULE_MEMORY_OPT_CONFIG``, a JSON file path in 1.19.2, or ``ORTMODULE_MEMORY_OPT_LEVEL``)
 and ``ORTMODULE_CACHE_DIR`` keyed by the workload fingerprint.

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from autotune.backends.ops import may_save, op_kind
-from autotune.errors import InputError
-from autotune.plans import ModuleRule, OpPolicy, Plan
+from autotune.core.errors import InputError
+from autotune.core.plans import ModuleRule, OpPolicy, Plan
 
 _MARK = "_autotune_plan"  # set on a model once a plan has been applied to it
 

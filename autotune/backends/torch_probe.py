@@ -7,7 +7,7 @@ Forward #2 of the prepared model (after one optimizer step, when lazy state exis
   output bytes of every op inside each instance (what an operator policy would cache), and op times.
 Forward #3 runs with module hooks only, to time each instance without the recorder's overhead.
 
-The result is plain data (see ``autotune.probe``, which predicts plan savings from it in the tuner).
+The result is plain data (see ``autotune.backends.probe``, which predicts plan savings from it in the tuner).
 """
 
 from __future__ import annotations

@@ -1,0 +1,188 @@
+"""``autotune probe``: the recompute candidates of a model with what each would save, measured.
+
+One trial of the script runs with the probe's instruments (autotune.backends.torch_probe). From its data this
+module predicts, without torch, the memory any plan would save at the probed batch size.
+
+The model is split into units, the instances of the outermost repeated class, in forward order. Without a
+plan, backward starts with every unit's ``saved`` bytes alive. A checkpointed instance c keeps only its
+inputs and what its operator policy caches (the outputs of the ops it saves), so its unit holds
+``saved_u - sum_c (saved_c - kept_c - input_c)``. Backward walks the units in reverse, freeing as it goes,
+and re-materialises a checkpointed unit when it reaches it, with only the earlier units still alive:
+
+    peak = max(sum_u held_u,  max over checkpointed u of  sum_{v before u} held_v + saved_u)
+    saving = sum_u saved_u - peak
+
+A policy that caches outputs autograd would not have kept can save less than nothing; the prediction says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.backends import ort_plans
+from autotune.core.plans import OP_KINDS, ModuleRule, OpPolicy, Plan, parse_plan
+
+RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
+SELECTIVE = OpPolicy("save", ("attention", "matmul"))  # keep the expensive ops, recompute the rest
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One line of the probe table, like ONNX Runtime's plan table."""
+
+    level: str  # "module" or "operator"
+    plan: str
+    frequency: int  # instances it applies to
+    saving_bytes: int  # predicted, at the probed batch size
+    saving_per_sample: float
+    forward_share: float | None  # share of the forward pass that would be recomputed (None: not measured)
+    detail: str = ""
+
+
+def predicted_saving(data: dict[str, Any], plan: Plan) -> int:
+    """Bytes ``plan`` is predicted to save at the probed batch size."""
+    instances = {i["name"]: i for i in data["instances"]}
+    chosen = _chosen(data, plan)
+    units = [
+        i
+        for i in data["instances"]
+        if any(c["outermost"] and c["cls"] == i["cls"] for c in data["candidates"])
+    ]
+    units = [u for u in units if not _has_ancestor(u["name"], {v["name"] for v in units})]
+    held, recomputed = [], []
+    for unit in units:
+        inside = [name for name in chosen if name == unit["name"] or name.startswith(unit["name"] + ".")]
+        reduction = sum(
+            instances[n]["saved_bytes"] - _kept(instances[n], chosen[n].ops) - instances[n]["input_bytes"]
+            for n in inside
+        )
+        held.append(unit["saved_bytes"] - reduction)
+        recomputed.append(bool(inside))
+    peak = sum(held)
+    for index, unit in enumerate(units):
+        if recomputed[index]:
+            peak = max(peak, sum(held[:index]) + unit["saved_bytes"])
+    return int(sum(u["saved_bytes"] for u in units) - peak)
+
+
+def _chosen(data: dict[str, Any], plan: Plan) -> dict[str, ModuleRule]:
+    """The instances ``plan`` checkpoints, as apply_plan picks them (nested ones inside a chosen one dropped)."""
+    rules = plan.rules
+    if plan.everything:
+        rules = tuple(ModuleRule(c["cls"]) for c in data["candidates"] if c["outermost"])
+    chosen: dict[str, ModuleRule] = {}
+    for rule in rules:
+        names = [i["name"] for i in data["instances"] if i["cls"] == rule.cls]
+        chosen.update((name, rule) for name in names[: rule.count(len(names))])
+    return {name: rule for name, rule in chosen.items() if not _has_ancestor(name, set(chosen))}
+
+
+def saving_per_sample(data: dict[str, Any], plan: str) -> float:
+    if ort_plans.is_ort_probe(data):
+        return ort_plans.saving_per_sample(data, plan)
+    return predicted_saving(data, parse_plan(plan)) / data["batch_size"]
+
+
+def rows(data: dict[str, Any]) -> list[ProbeRow]:
+    """Module rows (each repeated class in full), then operator rows inside the outermost regions; for an
+    ORT probe, ORT's own recompute plans (its table: plan, frequency, bytes saved at the probed batch)."""
+    if ort_plans.is_ort_probe(data):
+        return [
+            ProbeRow(
+                "ort",
+                p["plan"],
+                p["freq"],
+                int(p["saving_bytes"]),
+                p["saving_bytes"] / data["batch_size"],
+                None,
+                p["symbolic"],
+            )
+            for p in sorted(data["plans"], key=lambda p: -p["saving_bytes"])
+        ]
+    out = []
+    forward = data["forward_seconds"] or 1e-9
+    for c in data["candidates"]:
+        plan = f"{c['cls']}:1"
+        seconds = sum(i["forward_seconds"] for i in data["instances"] if i["cls"] == c["cls"])
+        out.append(
+            _row(
+                data,
+                "module",
+                plan,
+                c["count"],
+                seconds / forward,
+                "outermost" if c["outermost"] else "nested",
+            )
+        )
+    op_total = sum(data["op_seconds"].values()) or 1e-9
+    for region in (c for c in data["candidates"] if c["outermost"]):
+        members = [i for i in data["instances"] if i["cls"] == region["cls"]]
+        for kind in RECOMPUTABLE:
+            saved = sum(i["saved_by_kind"].get(kind, 0) for i in members)
+            if saved:
+                share = data["op_seconds"].get(kind, 0.0) / op_total
+                out.append(
+                    _row(
+                        data,
+                        "operator",
+                        f"{region['cls']}:1/recompute={kind}",
+                        len(members),
+                        share,
+                        f"{_mib(saved / data['batch_size'])} MiB/sample kept",
+                    )
+                )
+        share = sum(data["op_seconds"].get(k, 0.0) for k in OP_KINDS if not SELECTIVE.saves(k)) / op_total
+        out.append(
+            _row(
+                data,
+                "operator",
+                f"{region['cls']}:1/{SELECTIVE}",
+                len(members),
+                share,
+                "keeps matmul outputs",
+            )
+        )
+    return out
+
+
+def summary(data: dict[str, Any]) -> dict[str, int | float | None]:
+    """Fixed memory and the activation total."""
+    if ort_plans.is_ort_probe(data):
+        return {"weights_bytes": data.get("weights_bytes"), "ort_plans": len(data["plans"])}
+    return {
+        "weights_bytes": data["weights_bytes"],
+        "gradients_bytes": data["gradients_bytes"],
+        "optimizer_state_bytes": data["optimizer_state_bytes"],
+        "activation_bytes": data["activation_bytes"],
+        "activation_bytes_per_sample": data["activation_bytes"] / data["batch_size"],
+    }
+
+
+def operator_plans(data: dict[str, Any]) -> tuple[str, ...]:
+    """The operator-level plans worth searching: the selective policy per outermost region."""
+    if ort_plans.is_ort_probe(data):
+        return ()
+    return tuple(f"{c['cls']}:1/{SELECTIVE}" for c in data["candidates"] if c["outermost"])
+
+
+def _row(data: dict[str, Any], level: str, plan: str, frequency: int, share: float, detail: str) -> ProbeRow:
+    saving = predicted_saving(data, parse_plan(plan))
+    return ProbeRow(level, plan, frequency, saving, saving / data["batch_size"], share, detail)
+
+
+def _kept(instance: dict[str, Any], ops: OpPolicy | None) -> int:
+    if ops is None:
+        return 0
+    return sum(
+        size for kind, size in instance["output_bytes"].items() if kind in OP_KINDS and ops.saves(kind)
+    )
+
+
+def _has_ancestor(name: str, names: set[str]) -> bool:
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in names for i in range(1, len(parts)))
+
+
+def _mib(size: float) -> str:
+    return f"{size / 2**20:.2f}"

@@ -1,0 +1,49 @@
+"""One exception root for everything autotune reports to a user.
+
+Each subclass carries the process exit code the CLI uses for it; only ``autotune.cli.commands`` turns an error
+into an exit code and a printed line.
+"""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base of every error autotune raises on purpose. ``str(error)`` is one line for the user."""
+
+    exit_code = 1
+
+
+class InputError(AutotuneError):
+    """Bad user input: a budget, a plan string, a command line, an option value."""
+
+    exit_code = 2
+
+
+class TrialError(AutotuneError):
+    """A trial could not be started or its result could not be read (not: the trial's script failed)."""
+
+    exit_code = 3
+
+
+class DeviceError(AutotuneError):
+    """The requested device cannot be measured (no NVML, unknown index or UUID)."""
+
+    exit_code = 4
+
+
+class StorageError(AutotuneError):
+    """The database cannot be opened, read or written."""
+
+    exit_code = 5
+
+
+class NoFitError(AutotuneError):
+    """No configuration that was measured fits the budget."""
+
+    exit_code = 6
+
+
+class ScriptError(AutotuneError):
+    """The training script itself failed (not out of memory) in every trial it was given."""
+
+    exit_code = 7

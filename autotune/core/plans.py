@@ -1,0 +1,163 @@
+"""Recompute plans: which activations a trial recomputes in backward instead of keeping.
+
+A plan has a compact string form that the CLI accepts and prints, and that is stable (canonical) so it
+can name stored trials::
+
+    none                     keep every activation (plain training)
+    all                      checkpoint every instance of the outermost repeated module classes
+    Block                    checkpoint every instance of class Block            (ratio 1)
+    Block:0.5                checkpoint the first half of the Block instances (ColossalAI's ratio)
+    Attention:1,MLP:0.25     several classes; nested instances inside a checkpointed one are skipped
+    Block:1/save=matmul      operator level: inside the checkpointed Blocks keep (save) the outputs of
+                             matmuls and recompute every other op in backward (Megatron's selective recompute)
+    Block:1/recompute=softmax+dropout
+                             operator level: recompute only softmax and dropout, keep everything else
+
+Operator kinds: matmul, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
+
+Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
+in module order are checkpointed (at least one for any ratio > 0).
+
+This module imports no torch: plans are parsed and printed by commands that run no trial.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.core.errors import InputError
+
+_CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+OP_KINDS = ("matmul", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
+_RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
+
+
+@dataclass(frozen=True, order=True)
+class OpPolicy:
+    """Which operator kinds a checkpointed region keeps: ``save`` these (recompute the rest), or
+    ``recompute`` these (save the rest)."""
+
+    mode: str  # "save" or "recompute"
+    kinds: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.kinds if k not in OP_KINDS]
+        if self.mode not in ("save", "recompute") or not self.kinds or unknown:
+            raise InputError(
+                f"invalid operator policy {self}: expected save=KIND[+KIND...] or recompute=KIND[+KIND...] "
+                f"with kinds from {', '.join(OP_KINDS)}"
+            )
+
+    def saves(self, kind: str) -> bool:
+        return (kind in self.kinds) == (self.mode == "save")
+
+    def __str__(self) -> str:
+        return f"{self.mode}={'+'.join(self.kinds)}"
+
+
+@dataclass(frozen=True, order=True)
+class ModuleRule:
+    """Checkpoint ``ratio`` of the instances of module class ``cls`` (selectively, with ``ops``)."""
+
+    cls: str
+    ratio: float = 1.0
+    ops: OpPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if not _CLASS.fullmatch(self.cls):
+            raise InputError(f"invalid module class name {self.cls!r} in plan")
+        if not 0 < self.ratio <= 1 or math.isnan(self.ratio):
+            raise InputError(f"plan ratio for {self.cls} must be in (0, 1], got {self.ratio}")
+
+    def count(self, instances: int) -> int:
+        """How many of ``instances`` this rule checkpoints."""
+        return max(1, math.floor(self.ratio * instances + 0.5)) if instances else 0
+
+    def __str__(self) -> str:
+        return f"{self.cls}:{self.ratio:.3g}" + (f"/{self.ops}" if self.ops else "")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A recompute plan. Build it with :func:`parse_plan`, or ``Plan.none()`` / ``Plan.all()``."""
+
+    rules: tuple[ModuleRule, ...] = ()
+    everything: bool = False
+
+    @classmethod
+    def none(cls) -> Plan:
+        return cls()
+
+    @classmethod
+    def all(cls) -> Plan:
+        return cls(everything=True)
+
+    @property
+    def is_none(self) -> bool:
+        return not self.rules and not self.everything
+
+    def __str__(self) -> str:
+        if self.everything:
+            return "all"
+        if not self.rules:
+            return "none"
+        return ",".join(str(rule) for rule in self.rules)
+
+
+def parse_plan(text: str) -> Plan:
+    """Parse a plan string into its canonical :class:`Plan`.
+
+    Raises:
+        InputError: one line naming the bad part and the grammar.
+    """
+    spec = text.strip()
+    if spec.lower() in ("none", ""):
+        return Plan.none()
+    if spec.lower() == "all":
+        return Plan.all()
+    rules: dict[str, ModuleRule] = {}
+    for part in spec.split(","):
+        part, _, policy_text = part.partition("/")
+        name, sep, ratio_text = part.strip().partition(":")
+        if sep and not (ratio_text and _RATIO.fullmatch(ratio_text)):
+            raise InputError(f"invalid plan {text!r}: ratio {ratio_text!r} must be a number in (0, 1]")
+        if not _CLASS.fullmatch(name):
+            raise InputError(
+                f"invalid plan {text!r}: expected 'none', 'all' or ModuleClass[:ratio],... (got {part.strip()!r})"
+            )
+        if name in rules:
+            raise InputError(f"invalid plan {text!r}: class {name} named twice")
+        rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, _parse_policy(policy_text, text))
+    return Plan(rules=tuple(sorted(rules.values())))
+
+
+BACKENDS = ("torch", "ort")
+
+
+def parse_backend_plan(text: str, backend: str) -> Any:
+    """A plan of ``backend``: :class:`Plan` for torch, ``autotune.backends.ort_plans.OrtPlan`` for ort.
+
+    Raises:
+        InputError: a bad plan, or an unknown backend.
+    """
+    if backend == "torch":
+        return parse_plan(text)
+    if backend == "ort":
+        from autotune.backends.ort_plans import parse_ort_plan
+
+        return parse_ort_plan(text)
+    raise InputError(f"unknown backend {backend!r}: expected {' or '.join(BACKENDS)}")
+
+
+def _parse_policy(text: str, plan: str) -> OpPolicy | None:
+    if not text.strip():
+        return None
+    mode, sep, kinds = text.strip().partition("=")
+    if not sep:
+        raise InputError(
+            f"invalid plan {plan!r}: expected /save=KIND+... or /recompute=KIND+... after the class"
+        )
+    return OpPolicy(mode.strip(), tuple(sorted({k.strip() for k in kinds.split("+") if k.strip()})))

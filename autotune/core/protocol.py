@@ -1,0 +1,108 @@
+"""The trial protocol: what the tuner asks a trial to do, and what the trial reports back.
+
+The parent writes a :class:`TrialRequest` as JSON and points the child at it with ``AUTOTUNE_TRIAL_REQUEST``.
+The child writes a :class:`TrialReport` as JSON to ``request.report_path`` and exits with one of the
+``EXIT_*`` codes. The outcome comes from the report and the exit status, never from the trial's logs.
+While it runs, the child atomically rewrites ``request.progress_path`` with the steps done so far.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
+BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
+PLAN_ENV = "AUTOTUNE_PLAN"
+BACKEND_ENV = "AUTOTUNE_BACKEND"  # outside a trial: the backend prepare() applies AUTOTUNE_PLAN with
+
+EXIT_COMPLETE = 0  # warm-up + measured steps done, report written
+EXIT_OOM = 75  # CUDA out of memory, or the CPU allocator refused
+EXIT_FAILED = 76  # the script raised, or ended before its steps were done
+
+
+class Outcome(str, enum.Enum):
+    """How a trial ended."""
+
+    COMPLETE = "complete"
+    OOM = "oom"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """What one trial must do; written by the tuner, read by ``autotune.runtime.trial`` in the child."""
+
+    batch_size: int
+    plan: str
+    backend: str
+    device: str
+    warmup_steps: int
+    measured_steps: int
+    report_path: str
+    progress_path: str
+    probe: bool = False  # instrument the model (autotune.backends.torch_probe) instead of applying a plan
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.measured_steps
+
+    def write(self, path: Path) -> None:
+        _write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def read(cls, path: str | Path) -> TrialRequest:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class TrialReport:
+    """What the child measured about itself. Memory is measured from outside; these are its own counters."""
+
+    outcome: Outcome
+    steps_done: int
+    step_seconds: tuple[float, ...] = ()  # measured steps only, warm-up excluded
+    step_samples: tuple[int, ...] = ()
+    torch_peak_allocated: int | None = None  # torch.cuda.max_memory_allocated, on a GPU
+    torch_peak_reserved: int | None = None  # torch.cuda.max_memory_reserved, on a GPU
+    error: str | None = None
+    plan_applied: str | None = None  # the plan as applied, with `all` expanded to classes
+    candidates: list[dict[str, Any]] | None = None  # the model's repeated module classes, once prepared
+    probe: dict[str, Any] | None = None  # the probe's measurements, in a probe trial
+
+    def write(self, path: str | Path) -> None:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        _write_json_atomic(Path(path), data)
+
+    @classmethod
+    def read(cls, path: str | Path) -> TrialReport:
+        data = json.loads(Path(path).read_text())
+        data["outcome"] = Outcome(data["outcome"])
+        data["step_seconds"] = tuple(data["step_seconds"])
+        data["step_samples"] = tuple(data["step_samples"])
+        return cls(**data)
+
+
+def read_progress(path: str | Path) -> int:
+    """Steps the child has finished so far (0 before the first, or if the file is unreadable)."""
+    try:
+        return int(json.loads(Path(path).read_text())["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def write_progress(path: str | Path, steps: int) -> None:
+    _write_json_atomic(Path(path), {"steps": steps})
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    # Write-then-rename: a reader never sees half a file, even if the writer is killed mid-write.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

@@ -1,0 +1,159 @@
+"""``autotune doctor``: what works on this machine, and what to do about what does not.
+
+torch is checked in a child process: the CLI never imports it itself.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.core.errors import DeviceError
+
+_TORCH_PROBE = """
+import json
+import torch
+from torch.utils.checkpoint import create_selective_checkpoint_contexts  # operator-level plans need it
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
+                  "devices": torch.cuda.device_count()}))
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    hint: str | None = None
+    required: bool = False  # autotune cannot tune at all without it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checks() -> list[Check]:
+    """Every check, in the order a user would fix them."""
+    return [_torch(), _nvml(), _sqlite(), _postgres(), _ort()]
+
+
+def _torch() -> Check:
+    proc = subprocess.run([sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(
+            "torch", False, last, "pip install torch (>= 2.4, for selective checkpointing)", required=True
+        )
+    info = json.loads(proc.stdout)
+    if info["cuda"] is None:
+        detail = f"{info['version']}, CPU build: trials run on the CPU and measure peak RSS"
+        return Check("torch", True, detail, required=True)
+    cuda = (
+        f"CUDA {info['cuda']}, {info['devices']} device(s) visible"
+        if info["available"]
+        else "no device visible"
+    )
+    return Check(
+        "torch",
+        True,
+        f"{info['version']}, {cuda}",
+        None if info["available"] else "check the NVIDIA driver and CUDA_VISIBLE_DEVICES",
+        required=True,
+    )
+
+
+def _nvml() -> Check:
+    from autotune.hardware.nvml import load_nvml
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            nvml = load_nvml()
+        except DeviceError as e:
+            return Check(
+                "NVML (GPU memory)", False, str(e), "without a GPU autotune measures CPU RSS; nothing to do"
+            )
+    shadow = next((str(w.message) for w in caught if "shadows" in str(w.message)), None)
+    names = [
+        nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())
+    ]
+    driver = nvml.nvmlSystemGetDriverVersion()
+    detail = f"driver {driver}: {', '.join(str(n) for n in names) or 'no GPU'}"
+    return Check("NVML (GPU memory)", shadow is None, detail, shadow)
+
+
+def _sqlite() -> Check:
+    return Check("SQLite (default storage)", True, f"SQLite {sqlite3.sqlite_version}")
+
+
+def _postgres() -> Check:
+    missing = _not_installed(
+        "PostgreSQL driver", "psycopg", "psycopg", "--storage postgresql://...", "postgres"
+    )
+    return missing or Check("PostgreSQL driver", True, f"psycopg {importlib.metadata.version('psycopg')}")
+
+
+_ORT_PROBE = """
+import sys
+from autotune.backends.ort import SUPPORTED_VERSION, OrtUnavailable, extension_build_dir, wrap
+try:
+    import torch
+    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)))
+    model(torch.randn(4, 8)).sum().backward()
+except OrtUnavailable as e:
+    sys.exit(str(e))
+print(f"onnxruntime-training {SUPPORTED_VERSION}, ORTModule trains here (extension in {extension_build_dir()})")
+"""
+
+
+def _ort() -> Check:
+    missing = _not_installed(
+        "ONNX Runtime backend",
+        "onnxruntime",
+        "onnxruntime-training",
+        "--backend ort (deprecated upstream)",
+        "ort",
+    )
+    if missing is not None:
+        return missing
+    env = {
+        **os.environ,
+        "ORTMODULE_FALLBACK_POLICY": "FALLBACK_DISABLE",
+        "ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _ORT_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(
+            "ONNX Runtime backend",
+            False,
+            last,
+            "supported: onnxruntime-training 1.19.2 with a C++ compiler and the Python headers for its "
+            "extension (pip install 'autotune[ort]')",
+        )
+    return Check("ONNX Runtime backend", True, proc.stdout.strip().splitlines()[-1])
+
+
+def _not_installed(name: str, module: str, distribution: str, purpose: str, extra: str) -> Check | None:
+    """A failed check naming the extra that installs ``distribution``, or None if ``module`` is importable."""
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return Check(
+        name,
+        False,
+        f"{distribution} is not installed",
+        f"only for {purpose}: pip install 'autotune[{extra}]'",
+    )

@@ -1,0 +1,324 @@
+"""The trial runtime: the part of autotune that runs inside the user's training process.
+
+Public API (re-exported as ``autotune.batch_size``, ``autotune.prepare``, ``autotune.step``):
+
+- ``batch_size(default)``: the trial's batch size. Outside a trial: ``AUTOTUNE_BATCH_SIZE`` if set (what
+  ``autotune best --env`` exports), else ``default``.
+- ``prepare(model)``: applies the trial's recompute plan. Outside a trial: ``AUTOTUNE_PLAN`` if set, else
+  nothing.
+- ``step(samples)``: counts a training step. Steps are also counted automatically through torch's global
+  optimizer step hook (first optimizer only); the first explicit ``step()`` call turns that off.
+
+When warm-up + measured steps are done, the runtime writes its report and raises :class:`TrialComplete`
+(a ``SystemExit(0)``), so the script ends cleanly even if it would train forever.
+
+torch is never imported here: hooks are installed when the script itself imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from autotune.core.errors import InputError
+from autotune.core.plans import parse_plan
+from autotune.core.protocol import (
+    BACKEND_ENV,
+    BATCH_SIZE_ENV,
+    EXIT_COMPLETE,
+    EXIT_FAILED,
+    EXIT_OOM,
+    PLAN_ENV,
+    REQUEST_ENV,
+    Outcome,
+    TrialReport,
+    TrialRequest,
+    write_progress,
+)
+
+M = TypeVar("M")
+
+
+class TrialComplete(SystemExit):
+    """Raised from the last measured step: the trial is over and its report is written."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_COMPLETE)
+
+
+class _Trial:
+    """State of the one trial this process is running."""
+
+    def __init__(self, request: TrialRequest) -> None:
+        self.request = request
+        self.steps = 0
+        self.last_step_end = time.perf_counter()
+        self.step_seconds: list[float] = []
+        self.step_samples: list[int] = []
+        self.plan_applied: str | None = None
+        self.candidates: list[dict[str, Any]] | None = None
+        self.probe: Any = None  # autotune.backends.torch_probe.Probe, in a probe trial
+        self.optimizer: Any = None
+        self.explicit_steps = False
+        self.counted_optimizer: int | None = None
+        self.finished = False
+
+    def step(self, samples: int | None) -> None:
+        if self.finished:  # the script swallowed TrialComplete and kept going: stop it for good
+            _flush_stdio()
+            os._exit(EXIT_COMPLETE)
+        _synchronize_cuda()
+        now = time.perf_counter()
+        self.steps += 1
+        if self.steps > self.request.warmup_steps:
+            self.step_seconds.append(now - self.last_step_end)
+            self.step_samples.append(self.request.batch_size if samples is None else int(samples))
+        self.last_step_end = now
+        write_progress(self.request.progress_path, self.steps)
+        if self.steps >= self.request.total_steps:
+            self.finished = True
+            self.report(Outcome.COMPLETE)
+            raise TrialComplete()
+
+    def report(self, outcome: Outcome, error: str | None = None) -> None:
+        allocated, reserved = _cuda_peaks()
+        TrialReport(
+            outcome=outcome,
+            steps_done=self.steps,
+            step_seconds=tuple(self.step_seconds),
+            step_samples=tuple(self.step_samples),
+            torch_peak_allocated=allocated,
+            torch_peak_reserved=reserved,
+            error=error,
+            plan_applied=self.plan_applied,
+            candidates=self.candidates,
+            probe=self._probe_result(),
+        ).write(self.request.report_path)
+
+    def _probe_result(self) -> dict[str, Any] | None:
+        if self.probe is None:
+            return None
+        self.probe.optimizer = self.optimizer
+        return dict(self.probe.result())
+
+    def conclude(self, error: BaseException | None) -> int:
+        """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code."""
+        if self.finished:
+            return EXIT_COMPLETE
+        if error is None or isinstance(error, SystemExit):
+            code = getattr(error, "code", 0)
+            how = f"exited with code {code}" if code not in (None, 0) else "ended"
+            self.report(
+                Outcome.FAILED, f"the script {how} after {self.steps} of {self.request.total_steps} steps"
+            )
+            return EXIT_FAILED
+        traceback.print_exception(error)  # the user's traceback, into the trial's log
+        if is_out_of_memory(error):
+            self.report(Outcome.OOM, _one_line(error))
+            return EXIT_OOM
+        self.report(Outcome.FAILED, _one_line(error))
+        return EXIT_FAILED
+
+
+_trial: _Trial | None = None
+_loaded = False
+
+
+def current() -> _Trial | None:
+    """The running trial, or None outside one. Reads ``AUTOTUNE_TRIAL_REQUEST`` once."""
+    global _trial, _loaded
+    if not _loaded:
+        _loaded = True
+        path = os.environ.get(REQUEST_ENV)
+        if path:
+            _trial = _Trial(TrialRequest.read(path))
+    return _trial
+
+
+def batch_size(default: int | None = None) -> int:
+    """The batch size to train with: the trial's, else ``$AUTOTUNE_BATCH_SIZE``, else ``default``.
+
+    Raises:
+        InputError: none of the three is set, or the variable is not a positive integer.
+    """
+    trial = current()
+    if trial is not None:
+        return trial.request.batch_size
+    text = os.environ.get(BATCH_SIZE_ENV)
+    if text:
+        if not text.isascii() or not text.isdigit() or int(text) <= 0:
+            raise InputError(f"{BATCH_SIZE_ENV} must be a positive integer, got {text!r}")
+        return int(text)
+    if default is None:
+        raise InputError(
+            f"no batch size: not in an autotune trial, {BATCH_SIZE_ENV} is unset and no default given"
+        )
+    return default
+
+
+def prepare(model: M) -> M:
+    """Apply the recompute plan (the trial's, else ``$AUTOTUNE_PLAN``) to ``model`` and return it: in place
+    for the torch backend; for the ORT backend (the trial's, else ``$AUTOTUNE_BACKEND=ort``) the model
+    wrapped in ORTModule, whose plan is in ORT's own environment variables."""
+    trial = current()
+    backend = trial.request.backend if trial is not None else os.environ.get(BACKEND_ENV, "torch")
+    if backend == "ort":
+        return _prepare_ort(model, trial)
+    plan = parse_plan(trial.request.plan if trial is not None else os.environ.get(PLAN_ENV, "none"))
+    if plan.is_none and trial is None:
+        return model  # outside a trial with no plan: not even torch is imported
+    from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
+
+    if trial is not None:
+        trial.candidates = [c.summary() for c in find_candidates(model)]  # type: ignore[arg-type]
+        if trial.request.probe:
+            from autotune.backends.torch_probe import Probe
+
+            if trial.probe is None:
+                trial.probe = Probe(model, trial.request.batch_size)  # type: ignore[arg-type]
+                trial.plan_applied = "none"
+            return model
+    applied = apply_plan(model, plan)  # type: ignore[arg-type]
+    if trial is not None:
+        trial.plan_applied = str(applied)
+    return model
+
+
+def _prepare_ort(model: M, trial: _Trial | None) -> M:
+    from autotune.backends.ort import OrtProbe, wrap
+
+    wrapped = wrap(model)
+    if trial is not None:
+        trial.candidates = []
+        trial.plan_applied = trial.request.plan
+        if trial.request.probe and trial.probe is None:
+            trial.probe = OrtProbe(wrapped, trial.request.batch_size)
+    return wrapped
+
+
+def step(samples: int | None = None) -> None:
+    """Count one training step of ``samples`` samples (default: the batch size). A no-op outside a trial."""
+    trial = current()
+    if trial is not None:
+        trial.explicit_steps = True
+        trial.step(samples)
+
+
+def install() -> None:
+    """Hook the running trial into torch: count optimizer steps, apply the plan at the first forward."""
+    trial = current()
+    if trial is None:
+        return
+    if trial.request.backend == "ort":
+        # Before the script runs: a script that imports ORTModule itself needs the compatibility fixes
+        # in place before onnxruntime's first import (autotune.backends.ort).
+        from autotune.backends.ort import load_ortmodule
+
+        load_ortmodule()
+    if "torch" in sys.modules:
+        _install_torch_hooks(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", _install_torch_hooks))
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA OOM (``torch.OutOfMemoryError``), a Python MemoryError, or torch's CPU allocator refusing."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in text.lower() or "can't allocate memory" in text
+    )
+
+
+def _install_torch_hooks(torch: Any) -> None:
+    trial = current()
+    assert trial is not None  # install() checked
+
+    def on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+        if trial.explicit_steps:
+            return
+        if trial.counted_optimizer is None:
+            trial.counted_optimizer = id(optimizer)
+            trial.optimizer = optimizer
+        if id(optimizer) == trial.counted_optimizer:
+            trial.step(None)
+
+    def on_first_forward(module: Any, args: object) -> None:
+        handle.remove()
+        if trial.plan_applied is not None:
+            return
+        if trial.request.backend != "ort":
+            prepare(module)
+        elif type(module).__name__ == "ORTModule":
+            prepare(module)  # the script wrapped it itself: record the plan (and the probe)
+        else:  # a model ORT never sees would be measured as plain PyTorch
+            raise RuntimeError(
+                "--backend ort: the script's model runs without ORTModule; wrap it with "
+                "model = autotune.prepare(model) (or onnxruntime.training.ortmodule.ORTModule(model))"
+            )
+
+    optimizer_module = importlib.import_module("torch.optim.optimizer")
+    module_module = importlib.import_module("torch.nn.modules.module")
+    optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
+    handle = module_module.register_module_forward_pre_hook(on_first_forward)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after module ``name`` has been imported, without importing it."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_hook(module: ModuleType) -> None:
+            exec_module(module)
+            self.callback(module)
+
+        spec.loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        return spec
+
+
+def _synchronize_cuda() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _cuda_peaks() -> tuple[int | None, int | None]:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None, None
+    return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()

@@ -1,0 +1,38 @@
+"""How a search tells its caller what is happening, without printing: the CLI passes a Reporter that
+draws progress; the library's default reports nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from autotune.search.records import TrialRecord
+
+
+class Reporter(Protocol):
+    def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None: ...
+
+    def trial_progress(self, steps: int, elapsed: float) -> None: ...
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None: ...
+
+    def skipped(self, record: TrialRecord) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class SilentReporter:
+    def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
+        pass
+
+    def trial_progress(self, steps: int, elapsed: float) -> None:
+        pass
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        pass
+
+    def skipped(self, record: TrialRecord) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass

@@ -1,0 +1,95 @@
+"""What a trial runs: a script (``train.py ARGS``) or a command template (``python train.py --bs {batch_size}``).
+
+A script runs under ``python -m autotune.runtime.harness`` with the tuner's interpreter. A template that starts
+with a Python interpreter gets the harness injected after the interpreter's own flags; any other command
+(a shell wrapper, say) gets autotune's sitecustomize on its PYTHONPATH. Either way step counting and the
+recompute plan work without changing the script. ``{batch_size}`` is replaced in every word of a template.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import autotune
+from autotune.core.errors import InputError
+
+PLACEHOLDER = "{batch_size}"
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?", re.ASCII)
+_FLAGS_WITH_VALUE = ("-W", "-X")
+_PACKAGE_PARENT = str(Path(autotune.__file__).resolve().parent.parent)
+_INJECT_DIR = str(Path(autotune.__file__).resolve().parent / "runtime" / "_inject")
+
+
+@dataclass(frozen=True)
+class TrialCommand:
+    """A validated trial command. ``words`` is the script and its arguments, or the template."""
+
+    words: tuple[str, ...]
+    is_template: bool
+    cwd: str | None = None  # where the trial runs (None: the tuner's working directory)
+
+    @classmethod
+    def parse(cls, words: Sequence[str]) -> TrialCommand:
+        """``[script.py, args...]`` or a command template.
+
+        Raises:
+            InputError: no command, a missing script, or a ``python -c`` template.
+        """
+        if not words:
+            raise InputError(
+                "no training script given: autotune measure SCRIPT [-- ARGS] or -- COMMAND {batch_size}"
+            )
+        words = tuple(words)
+        if words[0].endswith(".py"):
+            if not Path(words[0]).is_file():
+                raise InputError(f"script not found: {words[0]}")
+            return cls(words, is_template=False)
+        command = cls(words, is_template=True)
+        command.argv(1)  # validates the template once, here
+        return command
+
+    def argv(self, batch_size: int) -> list[str]:
+        """The command line of a trial with ``batch_size``."""
+        if not self.is_template:
+            return [sys.executable, "-m", "autotune.runtime.harness", *self.words]
+        words = [w.replace(PLACEHOLDER, str(batch_size)) for w in self.words]
+        if not _PYTHON.fullmatch(os.path.basename(words[0])):
+            return words
+        i = 1
+        while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-c", "-"):
+            i += 2 if words[i] in _FLAGS_WITH_VALUE else 1
+        if i < len(words) and words[i] == "-c":
+            raise InputError("a 'python -c' command cannot be measured: put the code in a script")
+        return [*words[:i], "-m", "autotune.runtime.harness", *words[i:]]
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """``base`` plus what the trial's Python needs to import autotune (and, for other commands, inject it)."""
+        if not self.is_template:
+            return dict(base)
+        paths = []
+        if not _PYTHON.fullmatch(os.path.basename(self.words[0])):
+            paths.append(_INJECT_DIR)
+        elif _same_interpreter(self.words[0]):
+            return dict(base)
+        paths.append(_PACKAGE_PARENT)
+        if base.get("PYTHONPATH"):
+            paths.append(base["PYTHONPATH"])
+        return {**base, "PYTHONPATH": os.pathsep.join(paths)}
+
+    def script_path(self) -> str | None:
+        """The Python script this command runs, if one can be seen (the first ``*.py`` word)."""
+        return next((w for w in self.words if w.endswith(".py") and Path(w).is_file()), None)
+
+    def __str__(self) -> str:
+        return " ".join(self.words)
+
+
+def _same_interpreter(program: str) -> bool:
+    found = shutil.which(program)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)

@@ -1,0 +1,195 @@
+"""Start one trial process through the shim, meter it, enforce its timeouts, and collect how it ended.
+
+The shim (``autotune/trials/_shim.py``) runs the command in its own session, measures the main process with
+``wait4``, kills every descendant when the trial ends, and dies with the tuner. This module owns the
+tuner's side: the timeouts, Ctrl-C, and the meter's sampling thread.
+
+Start trials from a thread that lives as long as the tuner: the shim's PR_SET_PDEATHSIG fires when the
+*thread* that started it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import TrialError
+from autotune.trials.interrupts import StopRequested
+from autotune.hardware.meters import MemoryMeter, MemoryReading
+from autotune.core.protocol import read_progress
+
+SHIM = Path(__file__).with_name("_shim.py")
+POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to run one trial process."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    workdir: Path  # stdout.log, stderr.log and shim.json go here
+    progress_path: Path
+    startup_timeout: float  # seconds until the first step is done
+    timeout: float  # seconds for the whole trial
+    grace: float = 5.0  # seconds between SIGTERM and SIGKILL when a trial is stopped
+    cwd: Path | None = None
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """How the trial's main process ended."""
+
+    exit_code: int | None
+    signal: int | None
+    main_maxrss_bytes: int
+    wall_seconds: float
+    timed_out: str | None  # "startup" or "run"
+    stopped: bool  # autotune stopped it (timeout or Ctrl-C)
+
+
+def run_process(
+    launch: Launch,
+    meter: MemoryMeter,
+    on_poll: Callable[[int, float], None] | None = None,
+    interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+    stop: threading.Event | None = None,
+) -> tuple[ProcessExit, MemoryReading]:
+    """Run ``launch`` to its end, metered. ``on_poll(steps_done, elapsed)`` is called while it runs;
+    ``interruptible()`` encloses the wait for the trial, once its launcher is up (see autotune.trials.interrupts);
+    ``stop``, once set, stops the trial cleanly from any thread (a worker that is shutting down).
+
+    Raises:
+        TrialError: the shim could not be started or left no result.
+        KeyboardInterrupt: after the trial has been stopped cleanly.
+        StopRequested: ``stop`` was set; the trial has been stopped cleanly.
+    """
+    result_path = launch.workdir / "shim.json"
+    shim_argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        str(SHIM),
+        str(result_path),
+        str(os.getpid()),
+        str(launch.grace),
+        "--",
+    ]
+    started = time.monotonic()
+    with (
+        open(launch.workdir / "stdout.log", "ab") as out,
+        open(launch.workdir / "stderr.log", "ab") as err,
+        _stop_signals_blocked(),
+    ):
+        try:
+            shim = subprocess.Popen(
+                [*shim_argv, *launch.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=dict(launch.env),
+                cwd=launch.cwd,
+                start_new_session=True,  # Ctrl-C in the terminal reaches the tuner, which stops the trial
+            )
+        except OSError as e:
+            raise TrialError(f"cannot start the trial launcher: {e}") from e
+    meter.start(shim.pid)
+    timed_out: str | None = None
+    try:
+        with interruptible() if interruptible is not None else nullcontext():
+            timed_out = _wait(shim, launch, started, on_poll, stop)
+    except BaseException:
+        _stop(shim, launch.grace)
+        raise
+    finally:
+        wall = time.monotonic() - started
+        result = _read_result(result_path, shim)
+        reading = meter.stop(result.get("maxrss_bytes", 0))
+    return (
+        ProcessExit(
+            exit_code=result["exit_code"],
+            signal=result["signal"],
+            main_maxrss_bytes=result["maxrss_bytes"],
+            wall_seconds=wall,
+            timed_out=timed_out,
+            stopped=result["stopped"],
+        ),
+        reading,
+    )
+
+
+@contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Start the shim with SIGUSR1 and SIGTERM blocked (the signal mask survives exec): a stop that arrives
+    before the shim has installed its handlers stays pending instead of killing it, result unwritten. The
+    shim unblocks them once its handlers are in place."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _wait(
+    shim: subprocess.Popen[bytes],
+    launch: Launch,
+    started: float,
+    on_poll: Callable[[int, float], None] | None,
+    stop: threading.Event | None,
+) -> str | None:
+    while shim.poll() is None:
+        if stop is not None and stop.is_set():
+            raise StopRequested
+        elapsed = time.monotonic() - started
+        steps = read_progress(launch.progress_path)
+        if on_poll is not None:
+            on_poll(steps, elapsed)
+        reason = "startup" if steps == 0 and elapsed > launch.startup_timeout else None
+        reason = "run" if elapsed > launch.timeout else reason
+        if reason:
+            _stop(shim, launch.grace)
+            return reason
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def _stop(shim: subprocess.Popen[bytes], grace: float) -> None:
+    """Ask the shim to stop its trial (SIGUSR1: SIGTERM, grace, SIGKILL); kill the shim if it does not finish."""
+    if shim.poll() is not None:
+        return
+    shim.send_signal(signal.SIGUSR1)
+    try:
+        shim.wait(grace + 10)
+    except subprocess.TimeoutExpired:
+        shim.kill()  # its trial dies with it (PR_SET_PDEATHSIG)
+        shim.wait()
+
+
+def _read_result(path: Path, shim: subprocess.Popen[bytes]) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise TrialError(
+            f"the trial launcher exited with code {shim.returncode} and left no result ({path})"
+        ) from e
+
+
+def tail(path: Path, lines: int = 12) -> str:
+    """The last ``lines`` lines of a log file ('' if it is missing)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])

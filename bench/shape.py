@@ -1,0 +1,205 @@
+"""The code's shape, for architecture reviews: module sizes, the import graph, and a run spec's route.
+
+    python bench/shape.py modules        # lines and the longest function of every module
+    python bench/shape.py imports        # import cycles (function-level imports included) and import floors
+    python bench/shape.py route          # the files a TuneSpec passes through during a real tune() (CPU)
+
+``route`` runs one small tuning job of tests/scripts/synthetic.py in this process under a profiler hook and
+records every call that receives the spec object itself: the files entered, the moves between files, and
+the moves "back up" to a module on a higher import floor than the one it came from.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections import Counter
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "autotune"
+
+
+def _sources() -> dict[str, Path]:
+    """Module name -> file, for every module of the installed package (storage/ as autotune.storage)."""
+    import autotune
+
+    found: dict[str, Path] = {}
+    base = Path(autotune.__file__).resolve().parent
+    for path in sorted(base.rglob("*.py")):
+        parts = path.relative_to(base.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    storage = ROOT / "storage"
+    if not (base / "storage").exists():  # the old layout: storage/ mapped onto autotune.storage
+        for path in sorted(storage.rglob("*.py")):
+            parts = ("autotune", "storage", *path.relative_to(storage).with_suffix("").parts)
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def modules() -> None:
+    rows = []
+    for name, path in _sources().items():
+        tree = ast.parse(path.read_text())
+        longest = max(
+            (
+                (node.end_lineno - node.lineno + 1, node.name)
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ),
+            default=(0, "-"),
+        )
+        rows.append((len(path.read_text().splitlines()), name, longest))
+    print(f"{'module':<44} {'lines':>5}  longest function")
+    for lines, name, (length, function) in sorted(rows, key=lambda r: -r[0]):
+        print(f"{name:<44} {lines:>5}  {length:>3} {function}")
+    print(f"{len(rows)} modules; over 300 lines: {sum(r[0] > 300 for r in rows)}; "
+          f"functions over 40 lines: {sum(r[2][0] > 40 for r in rows)}")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports anywhere (module level, functions, TYPE_CHECKING blocks)."""
+    sources = _sources()
+    graph: dict[str, set[str]] = {}
+    for name, path in sources.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # the imported names that are modules, else the module they come from
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
+            for target in targets:
+                while target and target not in sources:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target != "autotune":
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's import floor: 0 for modules importing nothing of the package, else 1 + the highest
+    floor it imports (the members of a cycle share one floor)."""
+    component_of = {m: tuple(c) for c in cycles(graph) for m in c}
+    memo: dict[str, int] = {}
+
+    def floor(node: str, seen: frozenset[str]) -> int:
+        if node in memo:
+            return memo[node]
+        group = set(component_of.get(node, (node,)))
+        below = {t for m in group for t in graph.get(m, ()) if t not in group and t not in seen}
+        value = 1 + max((floor(t, seen | group) for t in below), default=-1)
+        for m in group:
+            memo[m] = value
+        return value
+
+    return {m: floor(m, frozenset()) for m in graph}
+
+
+def imports() -> None:
+    graph = import_graph()
+    found = cycles(graph)
+    levels = floors(graph)
+    print(f"{len(graph)} modules on {max(levels.values()) + 1} import floors")
+    print(f"import cycles: {len(found)}")
+    for component in found:
+        print("  " + " <-> ".join(component))
+
+
+def route() -> None:
+    from autotune.search.spec import tune_spec  # the current layout
+    from autotune.workers.tune import tune
+
+    levels = floors(import_graph())
+    by_file = {str(path): name for name, path in _sources().items()}
+    spec = None
+    tracked: set[int] = set()  # the spec and the objects it carries down
+    calls: list[tuple[str, str]] = []
+
+    def profile(frame, event, arg):  # noqa: ANN001, ANN202
+        if event != "call" or not tracked:
+            return
+        callee = by_file.get(frame.f_code.co_filename)
+        if callee is None or not any(id(v) in tracked for v in frame.f_locals.values()):
+            return
+        caller, back = None, frame.f_back
+        while back is not None and caller is None:
+            caller, back = by_file.get(back.f_code.co_filename), back.f_back
+        if caller is not None and caller != callee:
+            calls.append((caller, callee))
+
+    with tempfile.TemporaryDirectory() as cache:
+        spec = tune_spec(
+            [str(ROOT / "tests" / "scripts" / "synthetic.py"), "--per-sample-mib", "2"],
+            "2GiB",
+            trials=3,
+            batch_sizes="1,2,4",
+            device="cpu",
+            cache_dir=Path(cache),
+            warmup_steps=1,
+            steps=2,
+        )
+        tracked.update(id(v) for v in (spec, spec.command, spec.budget, spec.settings))
+        sys.setprofile(profile)
+        try:
+            tune(spec, dict(os.environ))
+        finally:
+            sys.setprofile(None)
+    up = [(a, b) for a, b in calls if levels[b] > levels[a]]
+    print("calls between modules that carry the spec:", len(calls))
+    for (a, b), n in sorted(Counter(calls).items()):
+        print(f"  {a} -> {b}  x{n}" + ("  (up)" if levels[b] > levels[a] else ""))
+    entered = {m for pair in calls for m in pair}
+    print(f"files entered: {len(entered)}; distinct moves: {len(set(calls))}; calls up a floor: {len(up)} "
+          f"({len(set(up))} distinct)")
+
+
+if __name__ == "__main__":
+    {"modules": modules, "imports": imports, "route": route}[sys.argv[1] if len(sys.argv) > 1 else "modules"]()
