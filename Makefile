@@ -28,21 +28,18 @@ postgres-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	else echo "no PostgreSQL server binaries: the PostgreSQL tests will be skipped (apt-get install postgresql)"; fi
 
-# Two phases: every test but the speed comparisons on two pytest-xdist workers (TEST_WORKERS=0: in this
-# process); then the tests marked timing, which compare measured samples/s, alone (beside another test's
-# trial, a 15% speed gap once came out reversed). PYTEST_ARGS adds pytest options to both phases:
-# PYTEST_ARGS='-k resume'. pytest exits 5 when a phase collects no test (a `-k` that matches nothing in
-# it): that phase passes, and when neither collected any we say so.
+# Tests on two pytest-xdist workers (TEST_WORKERS=0: in this process). No test compares speeds: those are
+# benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest exits 5 when it
+# collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2
 test: $(STAMP) postgres-server
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not timing" $(PYTEST_ARGS); a=$$?; \
-	$(BIN)/python -m pytest -m timing $(PYTEST_ARGS); b=$$?; \
-	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "pytest collected no tests"; fi; \
-	[ $$a -eq 5 ] && a=0; [ $$b -eq 5 ] && b=0; \
-	if [ $$a -ne 0 ]; then exit $$a; fi; exit $$b
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
+# ruff (lint and format) and mypy over the package (storage/ included, as autotune/storage).
 lint: $(STAMP)
 	$(BIN)/ruff check autotune storage tests examples bench
+	$(BIN)/ruff format --check autotune storage tests examples bench
 	$(BIN)/mypy
 
 clean:

@@ -7,9 +7,14 @@ Inside a training script (harmless no-ops outside a trial)::
     model = autotune.prepare(model)      # applies the trial's recompute plan
     autotune.step(samples=batch)         # only for loops without torch.optim
 
-From Python, one measured trial: ``autotune.measure(MeasureSpec(...))``.
+From Python, what the CLI does (autotune.api)::
 
-Importing autotune never imports torch.
+    result = autotune.tune(autotune.tune_spec(["train.py"], "40GB", trials=8))
+    answer = autotune.best(["train.py"], budget="40GB")
+    report = autotune.probe(["train.py"])
+    trial = autotune.measure(autotune.measure_spec(["train.py"], 32, plan="all"))
+
+Importing autotune imports neither torch nor Optuna: the tuner-side names are loaded on first use.
 """
 
 from __future__ import annotations
@@ -18,35 +23,59 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.budget import Budget, format_bytes, parse_budget
 from autotune.core.errors import AutotuneError
-from autotune.core.plans import Plan, parse_plan
+from autotune.core.plans import Backend, Plan, parse_plan
 from autotune.runtime.trial import batch_size, prepare, step
 
 if TYPE_CHECKING:
-    from autotune.trials.measurement import MeasureSpec, TrialResult, TrialSettings, measure
+    from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work
+    from autotune.search.spec import TuneResult, TuneSpec, tune_spec
+    from autotune.trials.measurement import MeasureSpec, measure_spec
+    from autotune.trials.result import TrialResult, TrialSettings
+
+_LAZY = {
+    "autotune.api": ("best", "doctor", "measure", "probe", "show", "studies", "submit", "tune", "work"),
+    "autotune.search.spec": ("TuneResult", "TuneSpec", "tune_spec"),
+    "autotune.trials.measurement": ("MeasureSpec", "measure_spec"),
+    "autotune.trials.result": ("TrialResult", "TrialSettings"),
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
     "AutotuneError",
+    "Backend",
     "Budget",
+    # tuner side, loaded on first use
     "MeasureSpec",
     "Plan",
     "TrialResult",
     "TrialSettings",
+    "TuneResult",
+    "TuneSpec",
     "batch_size",
+    "best",
+    "doctor",
     "format_bytes",
     "measure",
+    "measure_spec",
     "parse_budget",
     "parse_plan",
     "prepare",
+    "probe",
+    "show",
     "step",
+    "studies",
+    "submit",
+    "tune",
+    "tune_spec",
+    "work",
 ]
-
-_LAZY = {"measure", "MeasureSpec", "TrialResult", "TrialSettings"}
 
 
 def __getattr__(name: str) -> Any:
-    # The tuner-side API pulls in the launcher and meters; a training script importing autotune does not need them.
-    if name in _LAZY:
-        from autotune.trials import measurement
+    # The tuner-side API pulls in the launcher, meters and storage; a training script importing autotune
+    # needs none of it.
+    if name in _WHERE:
+        import importlib
 
-        return getattr(measurement, name)
+        return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m autotune``: the same as the ``autotune`` console script."""
 
-from autotune.cli.commands import main
+from autotune.cli import main
 
 main()

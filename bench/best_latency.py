@@ -53,7 +53,7 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, str
 
 def imported(cli_args: list[str], env: dict[str, str]) -> list[str]:
     code = (
-        "import sys\nfrom autotune.cli.commands import cli\n"
+        "import sys\nfrom autotune.cli import cli\n"
         f"try:\n    cli({cli_args!r})\nexcept SystemExit:\n    pass\n"
         f"print('\\nheavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
     )

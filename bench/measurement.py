@@ -19,11 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.trials.command import TrialCommand
-from autotune.hardware.devices import cpu_device
-from autotune.trials.measurement import TrialSettings, run_trial
-from autotune.hardware.meters import MemoryReading, RssMeter
 from autotune.core.plans import Plan
+from autotune.hardware.devices import cpu_device
+from autotune.hardware.meters import MemoryReading, RssMeter
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import run_trial
+from autotune.trials.result import TrialSettings
 
 SYNTHETIC = Path(__file__).parent.parent / "tests" / "scripts" / "synthetic.py"
 MiB = 2**20

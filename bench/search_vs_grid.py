@@ -20,13 +20,15 @@ from pathlib import Path
 import optuna
 
 from autotune.core.budget import format_bytes, parse_budget
-from autotune.trials.command import TrialCommand
-from autotune.hardware.devices import cpu_device
-from autotune.trials.measurement import TrialSettings, run_trial
-from autotune.hardware.meters import RssMeter
 from autotune.core.plans import parse_plan
+from autotune.hardware.devices import cpu_device
+from autotune.hardware.meters import RssMeter
 from autotune.search.space import parse_batch_sizes
-from autotune.workers.tune import TuneSpec, tune
+from autotune.search.spec import TuneSpec
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import run_trial
+from autotune.trials.result import TrialSettings
+from autotune.workers.tune import tune
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import ast
 import os
 import sys
-from collections import Counter
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,20 +23,23 @@ PACKAGE = ROOT / "autotune"
 
 
 def _sources() -> dict[str, Path]:
-    """Module name -> file, for every module of the installed package (storage/ as autotune.storage)."""
+    """Module name -> file: the package's own modules (test_architecture walks them the same way), or in
+    the old flat layout, storage/ mapped onto autotune.storage."""
     import autotune
 
-    found: dict[str, Path] = {}
     base = Path(autotune.__file__).resolve().parent
+    if (base / "storage").exists():
+        sys.path.insert(0, str(ROOT / "tests"))
+        from test_architecture import package_modules
+
+        return package_modules()
+    found: dict[str, Path] = {}
     for path in sorted(base.rglob("*.py")):
         parts = path.relative_to(base.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = path
-    storage = ROOT / "storage"
-    if not (base / "storage").exists():  # the old layout: storage/ mapped onto autotune.storage
-        for path in sorted(storage.rglob("*.py")):
-            parts = ("autotune", "storage", *path.relative_to(storage).with_suffix("").parts)
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for path in sorted((ROOT / "storage").rglob("*.py")):
+        parts = ("autotune", "storage", *path.relative_to(ROOT / "storage").with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
@@ -56,8 +59,10 @@ def modules() -> None:
     print(f"{'module':<44} {'lines':>5}  longest function")
     for lines, name, (length, function) in sorted(rows, key=lambda r: -r[0]):
         print(f"{name:<44} {lines:>5}  {length:>3} {function}")
-    print(f"{len(rows)} modules; over 300 lines: {sum(r[0] > 300 for r in rows)}; "
-          f"functions over 40 lines: {sum(r[2][0] > 40 for r in rows)}")
+    print(
+        f"{len(rows)} modules; over 300 lines: {sum(r[0] > 300 for r in rows)}; "
+        f"functions over 40 lines: {sum(r[2][0] > 40 for r in rows)}"
+    )
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -154,8 +159,7 @@ def imports() -> None:
 
 
 def route() -> None:
-    from autotune.search.spec import tune_spec  # the current layout
-    from autotune.workers.tune import tune
+    from autotune import TrialSettings, tune, tune_spec
 
     levels = floors(import_graph())
     by_file = {str(path): name for name, path in _sources().items()}
@@ -163,7 +167,7 @@ def route() -> None:
     tracked: set[int] = set()  # the spec and the objects it carries down
     calls: list[tuple[str, str]] = []
 
-    def profile(frame, event, arg):  # noqa: ANN001, ANN202
+    def profile(frame, event, arg):
         if event != "call" or not tracked:
             return
         callee = by_file.get(frame.f_code.co_filename)
@@ -183,13 +187,12 @@ def route() -> None:
             batch_sizes="1,2,4",
             device="cpu",
             cache_dir=Path(cache),
-            warmup_steps=1,
-            steps=2,
+            settings=TrialSettings(1, 2),
         )
         tracked.update(id(v) for v in (spec, spec.command, spec.budget, spec.settings))
         sys.setprofile(profile)
         try:
-            tune(spec, dict(os.environ))
+            tune(spec, environ=dict(os.environ))
         finally:
             sys.setprofile(None)
     up = [(a, b) for a, b in calls if levels[b] > levels[a]]
@@ -197,9 +200,13 @@ def route() -> None:
     for (a, b), n in sorted(Counter(calls).items()):
         print(f"  {a} -> {b}  x{n}" + ("  (up)" if levels[b] > levels[a] else ""))
     entered = {m for pair in calls for m in pair}
-    print(f"files entered: {len(entered)}; distinct moves: {len(set(calls))}; calls up a floor: {len(up)} "
-          f"({len(set(up))} distinct)")
+    print(
+        f"files entered: {len(entered)}; distinct moves: {len(set(calls))}; calls up a floor: {len(up)} "
+        f"({len(set(up))} distinct)"
+    )
 
 
 if __name__ == "__main__":
-    {"modules": modules, "imports": imports, "route": route}[sys.argv[1] if len(sys.argv) > 1 else "modules"]()
+    {"modules": modules, "imports": imports, "route": route}[
+        sys.argv[1] if len(sys.argv) > 1 else "modules"
+    ]()

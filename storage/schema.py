@@ -63,35 +63,32 @@ best = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
 )
 
-JOB_STATES = ("open", "running", "done", "failed")
-
 jobs = sa.Table(
     "autotune_jobs",
     metadata,
     sa.Column("study_name", sa.String(128), primary_key=True),
     sa.Column("script", sa.Text, nullable=False),
     sa.Column("script_sha256", sa.String(64), nullable=True),  # None: a command template with no script
-    sa.Column("spec", sa.JSON, nullable=False),  # what a worker needs to run the job (autotune.workers.jobs)
-    sa.Column("state", sa.String(16), nullable=False),  # JOB_STATES
+    sa.Column(
+        "spec", sa.JSON, nullable=False
+    ),  # what a worker needs to run the job (autotune.search.spec.TuneSpec.to_json)
+    sa.Column("state", sa.String(16), nullable=False),  # rows.JobState
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("submitted_by", sa.Text, nullable=False),  # host:pid:start of the submitting process
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
 )
 
-LEASE_KINDS = ("probe", "trial", "verify", "slot")  # slot: one of a study's --trials N places
-LEASE_STATES = ("queued", "running", "done", "failed")
-
 leases = sa.Table(
     "autotune_leases",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("study_name", sa.String(128), nullable=False),
-    sa.Column("kind", sa.String(16), nullable=False),  # LEASE_KINDS
+    sa.Column("kind", sa.String(16), nullable=False),  # rows.LeaseKind
     sa.Column("batch_size", sa.Integer, nullable=False),
     sa.Column("plan", sa.Text, nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),  # 0, or 1 for the one retry after a dead worker
-    sa.Column("state", sa.String(16), nullable=False),  # LEASE_STATES
+    sa.Column("state", sa.String(16), nullable=False),  # rows.LeaseState
     sa.Column("worker", sa.Text, nullable=True),  # host:pid:start; None while queued
     sa.Column("device", sa.Text, nullable=True),
     sa.Column("trial_number", sa.Integer, nullable=True),  # the Optuna trial, once asked

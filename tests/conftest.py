@@ -14,15 +14,17 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.trials.command import TrialCommand
-from autotune.hardware.devices import cpu_device
-from autotune.trials.measurement import TrialResult, TrialSettings, run_trial
-from autotune.hardware.meters import RssMeter
 from autotune.core.plans import Plan
+from autotune.hardware.devices import cpu_device
+from autotune.hardware.meters import RssMeter
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import run_trial
+from autotune.trials.result import TrialResult, TrialSettings
 
+ROOT = Path(__file__).parent.parent
 SCRIPTS = Path(__file__).parent / "scripts"
 SYNTHETIC = SCRIPTS / "synthetic.py"
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 MiB = 2**20
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
@@ -110,7 +112,7 @@ def in_a_fresh_interpreter(code: str, not_imported: tuple[str, ...] = (), timeou
 
 def cli_in_a_fresh_interpreter(argv: list[str], not_imported: tuple[str, ...], timeout: float = 120) -> str:
     """``autotune ARGV`` through autotune.cli.commands in a new process (exit 0 required); see in_a_fresh_interpreter."""
-    code = f"from autotune.cli.commands import cli\ntry:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+    code = f"from autotune.cli import cli\ntry:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
     return in_a_fresh_interpreter(code, not_imported, timeout)
 
 

@@ -4,7 +4,8 @@ ORTModule is deprecated upstream (no development since 2024; onnxruntime-trainin
 the last release). autotune supports exactly that release as a compatibility backend; torch is the primary
 one. Facts this module rests on were measured on this project's machines (shared/ORT_NOTES.md).
 
-``prepare()`` of an ORT trial calls :func:`wrap`, which calls :func:`load_ortmodule` once per process:
+``prepare()`` of an ORT trial calls :func:`wrap`, which calls :func:`load_ortmodule` once per process
+(fixes A-E live in ``ort_fixes``, F here):
 
 1. compatibility fixes that must be in place before onnxruntime is imported (onnxruntime's own import
    already tries ortmodule and swallows the error), each with the failure it prevents:
@@ -39,10 +40,8 @@ and ``ORTMODULE_CACHE_DIR`` keyed by the workload fingerprint.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
 import types
@@ -50,16 +49,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.backends import ort_fixes as fixes
+from autotune.backends.probe_report import OrtPlanSaving, OrtProbeReport
+
 SUPPORTED_VERSION = "1.19.2"
-_NEW_EXPORTER = "torch.onnx._internal.torchscript_exporter"
-_ALIASED = (
-    "_globals",
-    "_type_utils",
-    "symbolic_helper",
-    "utils",
-    *(f"symbolic_opset{i}" for i in range(7, 21)),
-)
-_EXTENSIONS = "onnxruntime.training.ortmodule.torch_cpp_extensions"
 
 _ortmodule: Any = None
 
@@ -116,15 +109,15 @@ def load_ortmodule() -> Any:
             f"{SUPPORTED_VERSION} only: pip install 'autotune[ort]'"
         )
     os.environ.setdefault("ORTMODULE_ENABLE_CUSTOM_AUTOGRAD", "0")  # C
-    _alias_torchscript_exporter()  # A
-    _export_without_dynamo()  # B
-    _stub_torch_interop_utils()  # C
-    _nvtx_noops_without_cuda()  # D
+    fixes.alias_torchscript_exporter()  # A
+    fixes.export_without_dynamo()  # B
+    fixes.stub_torch_interop_utils()  # C
+    fixes.nvtx_noops_without_cuda()  # D
     extension = build_extension()  # F, built before ORT's import so a failure is ours to report
     from onnxruntime.training import ortmodule
 
-    _register_mod_shape_handler()  # E
-    sys.modules[f"{_EXTENSIONS}.aten_op_executor"] = extension  # F
+    fixes.register_mod_shape_handler()  # E
+    sys.modules[f"{fixes.EXTENSIONS}.aten_op_executor"] = extension  # F
     init_error = getattr(ortmodule, "_FALLBACK_INIT_EXCEPTION", None)
     if init_error is not None and "extensions were not detected" in str(init_error):
         ortmodule._FALLBACK_INIT_EXCEPTION = None
@@ -179,98 +172,6 @@ def _ort_version() -> str:
         raise OrtUnavailable("onnxruntime-training is not installed: pip install 'autotune[ort]'") from None
 
 
-def _alias_torchscript_exporter() -> None:
-    import torch.onnx
-    import torch.onnx._internal
-
-    if importlib.util.find_spec(_NEW_EXPORTER) is None:
-        return  # an older torch: the old paths are real
-    jit_utils = importlib.import_module(f"{_NEW_EXPORTER}.jit_utils")
-    sys.modules.setdefault("torch.onnx._internal.jit_utils", jit_utils)
-    if not hasattr(torch.onnx._internal, "jit_utils"):
-        torch.onnx._internal.jit_utils = jit_utils  # type: ignore[attr-defined]
-    for name in _ALIASED:
-        module = importlib.import_module(f"{_NEW_EXPORTER}.{name}")
-        sys.modules.setdefault(f"torch.onnx.{name}", module)
-        if not hasattr(torch.onnx, name):
-            setattr(torch.onnx, name, module)
-
-
-def _export_without_dynamo() -> None:
-    import torch.onnx
-
-    export = torch.onnx.export
-    signature = inspect.signature(export)
-    if "dynamo" not in signature.parameters or getattr(export, "_autotune_no_dynamo", False):
-        return
-
-    @functools.wraps(export)
-    def export_torchscript(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("dynamo", False)
-        return export(*args, **kwargs)
-
-    export_torchscript.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[
-            p.replace(default=False) if p.name == "dynamo" else p for p in signature.parameters.values()
-        ]
-    )
-    export_torchscript._autotune_no_dynamo = True  # type: ignore[attr-defined]
-    torch.onnx.export = export_torchscript
-
-
-def _stub_torch_interop_utils() -> None:
-    name = f"{_EXTENSIONS}.torch_interop_utils"
-    if name in sys.modules:
-        return
-    stub = types.ModuleType(name)
-    stub.__doc__ = (
-        "autotune: stand-in; ORT's torch_interop_utils does not build with this torch (no custom autograd)"
-    )
-
-    def unsupported(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("custom autograd Functions are not supported by autotune's ORT backend")
-
-    def attribute(name: str) -> Any:
-        if name.startswith("__"):  # inspect and importlib probe dunders: a stub has none
-            raise AttributeError(name)
-        return unsupported
-
-    stub.__getattr__ = attribute  # type: ignore[method-assign]
-    sys.modules[name] = stub
-
-
-def _nvtx_noops_without_cuda() -> None:
-    import torch
-
-    if torch.version.cuda is None:
-        torch.cuda.nvtx.range_push = lambda *args, **kwargs: 0
-        torch.cuda.nvtx.range_pop = lambda *args, **kwargs: 0
-
-
-def _register_mod_shape_handler() -> None:
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    init = SymbolicShapeInference.__init__
-    if getattr(init, "_autotune_mod", False):
-        return
-
-    @functools.wraps(init)
-    def with_mod(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        if "Mod" not in self.dispatcher_:
-
-            def infer_mod(node: Any) -> None:
-                fmod = next((a.i for a in node.attribute if a.name == "fmod"), 0)
-                if fmod:  # C's fmod: keep ONNX's own inference (no symbolic value)
-                    return self._pass_on_shape_and_type(node)
-                return self._compute_on_sympy_data(node, lambda values: values[0] % values[1])
-
-            self.dispatcher_["Mod"] = infer_mod
-
-    with_mod._autotune_mod = True  # type: ignore[attr-defined]
-    SymbolicShapeInference.__init__ = with_mod
-
-
 def _custom_autograd_functions(model: Any) -> set[str]:
     """Names of custom ``torch.autograd.Function`` classes the model's modules define (a best-effort scan of
     their forward's globals; the export's own error still stops a trial that uses one we did not see)."""
@@ -301,17 +202,17 @@ class OrtProbe:
         self.model, self.batch_size = model, batch_size
         self.optimizer: Any = None  # set by the runtime (the torch probe reads it; ORT's does not)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> OrtProbeReport:
         manager = self.model._torch_module._execution_manager(self.model.training)
         observer = manager._runtime_inspector.memory_ob
-        plans = [
-            {
-                "plan": plan,
-                "freq": int(info.freq),
-                "saving_bytes": int(float(info.evaluated_saving)),
-                "symbolic": str(info.simplified_symbolic_saving_expr),
-            }
+        plans = tuple(
+            OrtPlanSaving(
+                plan=plan,
+                freq=int(info.freq),
+                saving_bytes=int(float(info.evaluated_saving)),
+                symbolic=str(info.simplified_symbolic_saving_expr),
+            )
             for plan, info in observer.cluster_id_combination_to_saving_symbolics_map.items()
-        ]
+        )
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return {"backend": "ort", "batch_size": self.batch_size, "plans": plans, "weights_bytes": weights}
+        return OrtProbeReport(batch_size=self.batch_size, plans=plans, weights_bytes=weights)

@@ -24,9 +24,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.core.errors import InputError, TrialError
+
+if TYPE_CHECKING:
+    from autotune.backends.probe_report import OrtProbeReport
 
 FALLBACK_POLICY = "FALLBACK_DISABLE"  # a silent fallback to PyTorch would measure the wrong thing
 LEVELS = (1, 2)
@@ -104,6 +107,15 @@ def ensure_extension(environ: Mapping[str, str]) -> None:
     if stamp is not None and stamp.is_file() and stamp.read_text() == extension_stamp(stamp.parent):
         _extension_ready = True
         return
+    _build_in_a_child(environ)
+    if stamp is not None and (loaded := extension_stamp(stamp.parent)) is not None:
+        with contextlib.suppress(OSError):  # a read-only cache: no shortcut next time, nothing worse
+            stamp.write_text(loaded)
+    _extension_ready = True
+
+
+def _build_in_a_child(environ: Mapping[str, str]) -> None:
+    """Load ORTModule (building its extension if needed) in a child process; raises TrialError if it fails."""
     code = (
         "import sys\nfrom autotune.backends.ort import OrtUnavailable, load_ortmodule\n"
         "try:\n    load_ortmodule()\nexcept OrtUnavailable as e:\n    sys.exit(str(e))\n"
@@ -118,10 +130,6 @@ def ensure_extension(environ: Mapping[str, str]) -> None:
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         raise TrialError(f"ORT backend: {lines[-1] if lines else 'the extension build failed'}")
-    if stamp is not None and (loaded := extension_stamp(stamp.parent)) is not None:
-        with contextlib.suppress(OSError):  # a read-only cache: no shortcut next time, nothing worse
-            stamp.write_text(loaded)
-    _extension_ready = True
 
 
 def export_cache_dir(cache: Path, fingerprint: str) -> Path:
@@ -154,37 +162,33 @@ def write_plan_file(plan: OrtPlan, path: Path) -> Path:
     return path
 
 
-# The probe's ORT data: {"backend": "ort", "batch_size": B, "plans": [{"plan", "freq", "saving_bytes",
-# "symbolic"}], ...}, read from ORTModule's own analysis of the first forward (autotune.backends.ort).
+# The probe's ORT data (autotune.backends.probe_report.OrtProbeReport): ORTModule's own analysis of the
+# first forward (autotune.backends.ort).
 
 
-def is_ort_probe(data: dict[str, Any] | None) -> bool:
-    return bool(data) and data.get("backend") == "ort"  # type: ignore[union-attr]
-
-
-def predicted_saving(data: dict[str, Any], plan: OrtPlan) -> int:
+def predicted_saving(data: OrtProbeReport, plan: OrtPlan) -> int:
     """ORT's predicted saving of ``plan`` at the probed batch size. A level recomputes every layer's
     subgraphs: predicted as the sum of all of ORT's recompute plans (ORT's own estimate, which tends to be
     high for levels)."""
-    savings = {p["plan"]: p["saving_bytes"] for p in data["plans"]}
+    savings = {p.plan: p.saving_bytes for p in data.plans}
     if plan.level:
         return int(sum(s for p, s in savings.items() if ":1:" in p))
     return int(sum(savings.get(c, 0) for c in plan.clusters))
 
 
-def saving_per_sample(data: dict[str, Any], plan: str) -> float:
-    return predicted_saving(data, parse_ort_plan(plan)) / data["batch_size"]
+def saving_per_sample(data: OrtProbeReport, plan: str) -> float:
+    return predicted_saving(data, parse_ort_plan(plan)) / data.batch_size
 
 
-def default_plans(data: dict[str, Any] | None) -> tuple[str, ...]:
+def default_plans(data: OrtProbeReport | None) -> tuple[str, ...]:
     """In the order the frontier visits them: none; ORT's plans with the largest savings, all of them
     together, then each of the top ones alone; level 1 and level 2."""
     plans = ["none"]
     ranked = sorted(
-        (p for p in (data or {}).get("plans", []) if p["saving_bytes"] > 0 and ":1:" in p["plan"]),
-        key=lambda p: -p["saving_bytes"],
+        (p for p in (data.plans if data else ()) if p.saving_bytes > 0 and ":1:" in p.plan),
+        key=lambda p: -p.saving_bytes,
     )
-    top = [p["plan"] for p in ranked[:MAX_SINGLE_PLANS]]
+    top = [p.plan for p in ranked[:MAX_SINGLE_PLANS]]
     if len(top) > 1:
         plans.append(str(parse_ort_plan(",".join(top))))
     plans += [str(parse_ort_plan(p)) for p in top]

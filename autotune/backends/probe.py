@@ -18,9 +18,9 @@ A policy that caches outputs autograd would not have kept can save less than not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.backends import ort_plans
+from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.core.plans import OP_KINDS, ModuleRule, OpPolicy, Plan, parse_plan
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
@@ -40,143 +40,116 @@ class ProbeRow:
     detail: str = ""
 
 
-def predicted_saving(data: dict[str, Any], plan: Plan) -> int:
+def predicted_saving(data: TorchProbeReport, plan: Plan) -> int:
     """Bytes ``plan`` is predicted to save at the probed batch size."""
-    instances = {i["name"]: i for i in data["instances"]}
+    instances = {i.name: i for i in data.instances}
     chosen = _chosen(data, plan)
-    units = [
-        i
-        for i in data["instances"]
-        if any(c["outermost"] and c["cls"] == i["cls"] for c in data["candidates"])
-    ]
-    units = [u for u in units if not _has_ancestor(u["name"], {v["name"] for v in units})]
+    outer = {c.cls for c in data.candidates if c.outermost}
+    units = [i for i in data.instances if i.cls in outer]
+    units = [u for u in units if not _has_ancestor(u.name, {v.name for v in units})]
     held, recomputed = [], []
     for unit in units:
-        inside = [name for name in chosen if name == unit["name"] or name.startswith(unit["name"] + ".")]
+        inside = [name for name in chosen if name == unit.name or name.startswith(unit.name + ".")]
         reduction = sum(
-            instances[n]["saved_bytes"] - _kept(instances[n], chosen[n].ops) - instances[n]["input_bytes"]
+            instances[n].saved_bytes - _kept(instances[n], chosen[n].ops) - instances[n].input_bytes
             for n in inside
         )
-        held.append(unit["saved_bytes"] - reduction)
+        held.append(unit.saved_bytes - reduction)
         recomputed.append(bool(inside))
     peak = sum(held)
     for index, unit in enumerate(units):
         if recomputed[index]:
-            peak = max(peak, sum(held[:index]) + unit["saved_bytes"])
-    return int(sum(u["saved_bytes"] for u in units) - peak)
+            peak = max(peak, sum(held[:index]) + unit.saved_bytes)
+    return int(sum(u.saved_bytes for u in units) - peak)
 
 
-def _chosen(data: dict[str, Any], plan: Plan) -> dict[str, ModuleRule]:
+def _chosen(data: TorchProbeReport, plan: Plan) -> dict[str, ModuleRule]:
     """The instances ``plan`` checkpoints, as apply_plan picks them (nested ones inside a chosen one dropped)."""
     rules = plan.rules
     if plan.everything:
-        rules = tuple(ModuleRule(c["cls"]) for c in data["candidates"] if c["outermost"])
+        rules = tuple(ModuleRule(c.cls) for c in data.candidates if c.outermost)
     chosen: dict[str, ModuleRule] = {}
     for rule in rules:
-        names = [i["name"] for i in data["instances"] if i["cls"] == rule.cls]
+        names = [i.name for i in data.instances if i.cls == rule.cls]
         chosen.update((name, rule) for name in names[: rule.count(len(names))])
     return {name: rule for name, rule in chosen.items() if not _has_ancestor(name, set(chosen))}
 
 
-def saving_per_sample(data: dict[str, Any], plan: str) -> float:
-    if ort_plans.is_ort_probe(data):
+def saving_per_sample(data: ProbeReport, plan: str) -> float:
+    """The probe's predicted saving of ``plan`` per sample (either backend's probe)."""
+    if isinstance(data, OrtProbeReport):
         return ort_plans.saving_per_sample(data, plan)
-    return predicted_saving(data, parse_plan(plan)) / data["batch_size"]
+    return predicted_saving(data, parse_plan(plan)) / data.batch_size
 
 
-def rows(data: dict[str, Any]) -> list[ProbeRow]:
+def rows(data: ProbeReport) -> list[ProbeRow]:
     """Module rows (each repeated class in full), then operator rows inside the outermost regions; for an
     ORT probe, ORT's own recompute plans (its table: plan, frequency, bytes saved at the probed batch)."""
-    if ort_plans.is_ort_probe(data):
+    if isinstance(data, OrtProbeReport):
         return [
             ProbeRow(
-                "ort",
-                p["plan"],
-                p["freq"],
-                int(p["saving_bytes"]),
-                p["saving_bytes"] / data["batch_size"],
-                None,
-                p["symbolic"],
+                "ort", p.plan, p.freq, p.saving_bytes, p.saving_bytes / data.batch_size, None, p.symbolic
             )
-            for p in sorted(data["plans"], key=lambda p: -p["saving_bytes"])
+            for p in sorted(data.plans, key=lambda p: -p.saving_bytes)
         ]
     out = []
-    forward = data["forward_seconds"] or 1e-9
-    for c in data["candidates"]:
-        plan = f"{c['cls']}:1"
-        seconds = sum(i["forward_seconds"] for i in data["instances"] if i["cls"] == c["cls"])
-        out.append(
-            _row(
-                data,
-                "module",
-                plan,
-                c["count"],
-                seconds / forward,
-                "outermost" if c["outermost"] else "nested",
-            )
-        )
-    op_total = sum(data["op_seconds"].values()) or 1e-9
-    for region in (c for c in data["candidates"] if c["outermost"]):
-        members = [i for i in data["instances"] if i["cls"] == region["cls"]]
-        for kind in RECOMPUTABLE:
-            saved = sum(i["saved_by_kind"].get(kind, 0) for i in members)
-            if saved:
-                share = data["op_seconds"].get(kind, 0.0) / op_total
-                out.append(
-                    _row(
-                        data,
-                        "operator",
-                        f"{region['cls']}:1/recompute={kind}",
-                        len(members),
-                        share,
-                        f"{_mib(saved / data['batch_size'])} MiB/sample kept",
-                    )
-                )
-        share = sum(data["op_seconds"].get(k, 0.0) for k in OP_KINDS if not SELECTIVE.saves(k)) / op_total
-        out.append(
-            _row(
-                data,
-                "operator",
-                f"{region['cls']}:1/{SELECTIVE}",
-                len(members),
-                share,
-                "keeps matmul outputs",
-            )
-        )
+    forward = data.forward_seconds or 1e-9
+    for c in data.candidates:
+        seconds = sum(i.forward_seconds for i in data.instances if i.cls == c.cls)
+        detail = "outermost" if c.outermost else "nested"
+        out.append(_row(data, "module", f"{c.cls}:1", c.count, seconds / forward, detail))
+    for region in (c for c in data.candidates if c.outermost):
+        members = [i for i in data.instances if i.cls == region.cls]
+        out += _operator_rows(data, region.cls, members)
     return out
 
 
-def summary(data: dict[str, Any]) -> dict[str, int | float | None]:
+def _operator_rows(data: TorchProbeReport, cls: str, members: list[InstanceStats]) -> list[ProbeRow]:
+    """Inside one outermost class: recomputing each cheap op kind alone, then the selective policy."""
+    op_total = sum(data.op_seconds.values()) or 1e-9
+    out = []
+    for kind in RECOMPUTABLE:
+        saved = sum(i.saved_by_kind.get(kind, 0) for i in members)
+        if saved:
+            share = data.op_seconds.get(kind, 0.0) / op_total
+            detail = f"{_mib(saved / data.batch_size)} MiB/sample kept"
+            out.append(_row(data, "operator", f"{cls}:1/recompute={kind}", len(members), share, detail))
+    share = sum(data.op_seconds.get(k, 0.0) for k in OP_KINDS if not SELECTIVE.saves(k)) / op_total
+    out.append(_row(data, "operator", f"{cls}:1/{SELECTIVE}", len(members), share, "keeps matmul outputs"))
+    return out
+
+
+def summary(data: ProbeReport) -> dict[str, int | float | None]:
     """Fixed memory and the activation total."""
-    if ort_plans.is_ort_probe(data):
-        return {"weights_bytes": data.get("weights_bytes"), "ort_plans": len(data["plans"])}
+    if isinstance(data, OrtProbeReport):
+        return {"weights_bytes": data.weights_bytes, "ort_plans": len(data.plans)}
     return {
-        "weights_bytes": data["weights_bytes"],
-        "gradients_bytes": data["gradients_bytes"],
-        "optimizer_state_bytes": data["optimizer_state_bytes"],
-        "activation_bytes": data["activation_bytes"],
-        "activation_bytes_per_sample": data["activation_bytes"] / data["batch_size"],
+        "weights_bytes": data.weights_bytes,
+        "gradients_bytes": data.gradients_bytes,
+        "optimizer_state_bytes": data.optimizer_state_bytes,
+        "activation_bytes": data.activation_bytes,
+        "activation_bytes_per_sample": data.activation_bytes / data.batch_size,
     }
 
 
-def operator_plans(data: dict[str, Any]) -> tuple[str, ...]:
+def operator_plans(data: ProbeReport) -> tuple[str, ...]:
     """The operator-level plans worth searching: the selective policy per outermost region."""
-    if ort_plans.is_ort_probe(data):
+    if isinstance(data, OrtProbeReport):
         return ()
-    return tuple(f"{c['cls']}:1/{SELECTIVE}" for c in data["candidates"] if c["outermost"])
+    return tuple(f"{c.cls}:1/{SELECTIVE}" for c in data.candidates if c.outermost)
 
 
-def _row(data: dict[str, Any], level: str, plan: str, frequency: int, share: float, detail: str) -> ProbeRow:
+def _row(
+    data: TorchProbeReport, level: str, plan: str, frequency: int, share: float, detail: str
+) -> ProbeRow:
     saving = predicted_saving(data, parse_plan(plan))
-    return ProbeRow(level, plan, frequency, saving, saving / data["batch_size"], share, detail)
+    return ProbeRow(level, plan, frequency, saving, saving / data.batch_size, share, detail)
 
 
-def _kept(instance: dict[str, Any], ops: OpPolicy | None) -> int:
+def _kept(instance: InstanceStats, ops: OpPolicy | None) -> int:
     if ops is None:
         return 0
-    return sum(
-        size for kind, size in instance["output_bytes"].items() if kind in OP_KINDS and ops.saves(kind)
-    )
+    return sum(size for kind, size in instance.output_bytes.items() if kind in OP_KINDS and ops.saves(kind))
 
 
 def _has_ancestor(name: str, names: set[str]) -> bool:

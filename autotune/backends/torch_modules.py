@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from autotune.backends.ops import may_save, op_kind
+from autotune.backends.probe_report import ModuleCandidate
 from autotune.core.errors import InputError
 from autotune.core.plans import ModuleRule, OpPolicy, Plan
 
@@ -38,9 +39,9 @@ class Candidate:
     def count(self) -> int:
         return len(self.names)
 
-    def summary(self) -> dict[str, Any]:
-        """What a trial reports of this candidate (JSON-ready)."""
-        return {"cls": self.cls, "count": self.count, "outermost": self.outermost}
+    def summary(self) -> ModuleCandidate:
+        """What a trial reports of this candidate."""
+        return ModuleCandidate(self.cls, self.count, self.outermost)
 
 
 def find_candidates(model: nn.Module) -> list[Candidate]:

@@ -7,7 +7,8 @@ Forward #2 of the prepared model (after one optimizer step, when lazy state exis
   output bytes of every op inside each instance (what an operator policy would cache), and op times.
 Forward #3 runs with module hooks only, to time each instance without the recorder's overhead.
 
-The result is plain data (see ``autotune.backends.probe``, which predicts plan savings from it in the tuner).
+The result is a :class:`~autotune.backends.probe_report.TorchProbeReport` (``autotune.backends.probe`` predicts
+plan savings from it in the tuner).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.backends.ops import may_save, op_kind, op_name
+from autotune.backends.probe_report import InstanceStats, TorchProbeReport
 from autotune.backends.torch_modules import Candidate, find_candidates
 
 RECORDED_FORWARD = 2
@@ -112,8 +114,8 @@ class Probe:
                 for name in self.stack:
                     self.outputs[name][kind] += _bytes(tensor)
 
-    def result(self) -> dict[str, Any]:
-        """The probe's measurements as JSON-ready data."""
+    def result(self) -> TorchProbeReport:
+        """The probe's measurements."""
         saved_by: dict[str, Counter[str]] = {n: Counter() for n in self.names}
         saved_in: Counter[str] = Counter()
         for size, kind, stack in self.saved.values():
@@ -121,29 +123,29 @@ class Probe:
                 saved_by[name][kind] += size
                 saved_in[name] += size
         params = list(self.model.parameters())
-        return {
-            "batch_size": self.batch_size,
-            "weights_bytes": sum(_bytes(p) for p in params),
-            "gradients_bytes": sum(_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer_state_bytes": _optimizer_state_bytes(self.optimizer),
-            "activation_bytes": sum(size for size, _, _ in self.saved.values()),
-            "forward_seconds": self.forward_seconds,
-            "op_seconds": dict(self.op_seconds),
-            "candidates": [c.summary() for c in self.candidates],
-            "instances": [
-                {
-                    "name": n,
-                    "cls": self.classes[n],
-                    "saved_bytes": saved_in[n],
-                    "input_bytes": self.inputs[n],
-                    "forward_seconds": self.seconds.get(n, 0.0),
-                    "saved_by_kind": dict(saved_by[n]),
-                    "output_bytes": dict(self.outputs[n]),
-                }
+        return TorchProbeReport(
+            batch_size=self.batch_size,
+            weights_bytes=sum(_bytes(p) for p in params),
+            gradients_bytes=sum(_bytes(p.grad) for p in params if p.grad is not None),
+            optimizer_state_bytes=_optimizer_state_bytes(self.optimizer),
+            activation_bytes=sum(size for size, _, _ in self.saved.values()),
+            forward_seconds=self.forward_seconds,
+            op_seconds=dict(self.op_seconds),
+            candidates=tuple(c.summary() for c in self.candidates),
+            instances=tuple(
+                InstanceStats(
+                    name=n,
+                    cls=self.classes[n],
+                    saved_bytes=saved_in[n],
+                    input_bytes=self.inputs[n],
+                    forward_seconds=self.seconds.get(n, 0.0),
+                    saved_by_kind=dict(saved_by[n]),
+                    output_bytes=dict(self.outputs[n]),
+                )
                 for c in self.candidates
                 for n in c.names
-            ],
-        }
+            ),
+        )
 
 
 class _Recorder(TorchDispatchMode):

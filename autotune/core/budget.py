@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from autotune.core.errors import InputError
+from autotune.core.protocol import Outcome
+
+DEFAULT_HEADROOM = 0.05  # the margin a winner's verified peak keeps under the budget
 
 UNITS: dict[str, int] = {
     "b": 1,
@@ -64,6 +67,58 @@ class Budget:
                 f"({format_bytes(device_total_bytes)})"
             )
         return self.absolute_bytes
+
+    def limit(self, device_total_bytes: int | None, headroom: float = DEFAULT_HEADROOM) -> Limit:
+        """This budget on a device with ``device_total_bytes``, less ``headroom``.
+
+        Raises:
+            InputError: as :meth:`resolve`, or a headroom outside [0, 1).
+        """
+        return Limit(self.resolve(device_total_bytes), headroom)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A budget in bytes and the headroom its winner keeps: ``bytes`` is what a measured peak must stay
+    under. The one place where a budget becomes a limit."""
+
+    budget_bytes: int
+    headroom: float = DEFAULT_HEADROOM
+
+    def __post_init__(self) -> None:
+        check_headroom(self.headroom)
+
+    @property
+    def bytes(self) -> int:
+        return int(self.budget_bytes * (1 - self.headroom))
+
+
+def fits(outcome: Outcome | None, peak_bytes: int | None, limit_bytes: int) -> bool:
+    """The one rule for fitting: the trial completed and its measured peak is within ``limit_bytes``. (An
+    out-of-memory trial never fits; its peak is only a lower bound.)"""
+    return outcome is Outcome.COMPLETE and peak_bytes is not None and peak_bytes <= limit_bytes
+
+
+def check_headroom(headroom: float) -> float:
+    """Raises InputError unless ``headroom`` is in [0, 1)."""
+    if not 0 <= headroom < 1:
+        raise InputError(f"headroom must be in [0, 1), got {headroom}")
+    return headroom
+
+
+def parse_headroom(text: str) -> float:
+    """``'5%'`` or ``'0.05'`` -> 0.05.
+
+    Raises:
+        InputError: not a number, or outside [0, 1).
+    """
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise InputError(
+            f"invalid headroom {text!r}: expected a percentage such as 5% or a fraction such as 0.05"
+        ) from None
+    return check_headroom(value)
 
 
 def parse_budget(text: str) -> Budget:

@@ -23,12 +23,32 @@ This module imports no torch: plans are parsed and printed by commands that run 
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.core.errors import InputError
+
+
+class Backend(str, enum.Enum):
+    """What applies a plan: torch (activation checkpointing, primary) or ort (ONNX Runtime's ORTModule
+    memory optimizer, a deprecated compatibility backend)."""
+
+    TORCH = "torch"
+    ORT = "ort"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, text: str | Backend) -> Backend:
+        """Raises InputError for anything but torch or ort."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise InputError(f"unknown backend {text!r}: expected torch or ort") from None
+
 
 _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 OP_KINDS = ("matmul", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
@@ -132,24 +152,6 @@ def parse_plan(text: str) -> Plan:
             raise InputError(f"invalid plan {text!r}: class {name} named twice")
         rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, _parse_policy(policy_text, text))
     return Plan(rules=tuple(sorted(rules.values())))
-
-
-BACKENDS = ("torch", "ort")
-
-
-def parse_backend_plan(text: str, backend: str) -> Any:
-    """A plan of ``backend``: :class:`Plan` for torch, ``autotune.backends.ort_plans.OrtPlan`` for ort.
-
-    Raises:
-        InputError: a bad plan, or an unknown backend.
-    """
-    if backend == "torch":
-        return parse_plan(text)
-    if backend == "ort":
-        from autotune.backends.ort_plans import parse_ort_plan
-
-        return parse_ort_plan(text)
-    raise InputError(f"unknown backend {backend!r}: expected {' or '.join(BACKENDS)}")
 
 
 def _parse_policy(text: str, plan: str) -> OpPolicy | None:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.core.plans import Backend
+
 REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
 BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
 PLAN_ENV = "AUTOTUNE_PLAN"
@@ -33,6 +35,9 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"
     TIMEOUT = "timeout"
 
+    def __str__(self) -> str:
+        return self.value
+
 
 @dataclass(frozen=True)
 class TrialRequest:
@@ -40,7 +45,7 @@ class TrialRequest:
 
     batch_size: int
     plan: str
-    backend: str
+    backend: Backend
     device: str
     warmup_steps: int
     measured_steps: int
@@ -57,7 +62,8 @@ class TrialRequest:
 
     @classmethod
     def read(cls, path: str | Path) -> TrialRequest:
-        return cls(**json.loads(Path(path).read_text()))
+        data = json.loads(Path(path).read_text())
+        return cls(**{**data, "backend": Backend(data["backend"])})
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,26 @@ def resolve_device(
     return _cuda_device(nvml_loader(), int(match[1] or 0), environ)
 
 
+def gpu_count(environ: Mapping[str, str], nvml_loader: Callable[[], Any] = load_nvml) -> int:
+    """The GPUs visible here: the entries of CUDA_VISIBLE_DEVICES when it is set, else every GPU NVML sees;
+    0 where NVML is not available (no driver, no bindings).
+
+    Raises:
+        DeviceError: NVML is there but fails to count its devices.
+    """
+    try:
+        nvml = nvml_loader()
+    except DeviceError:
+        return 0
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip()])
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError as e:
+        raise DeviceError(f"NVML cannot count the GPUs: {e}") from e
+
+
 def cpu_device() -> Device:
     return Device(kind="cpu", name="cpu", total_bytes=_host_memory_limit())
 

@@ -1,7 +1,8 @@
 """Memory meters: the peak memory of one trial, measured from outside the trial.
 
-Every meter samples in a background thread of the tuner between ``start(root_pid)`` and
-``stop(main_maxrss_bytes)``; ``root_pid`` is the shim, whose descendants are the trial.
+Every meter samples in a background thread of the tuner between ``start(processes)`` and
+``stop(main_maxrss_bytes)``; ``processes()`` lists the trial's processes at each sample (the launcher
+passes the shim's descendants: the meters know nothing of how a trial is started).
 
 - :class:`RssMeter` (CPU): the trial's resident memory. One process: the kernel's own high-water mark of
   that process (``wait4``'s ``ru_maxrss``, through the shim), which no sampling can miss. Several
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from autotune.trials._shim import descendants as trial_pids  # one walk of /proc, shared with the shim
 from autotune.hardware.devices import Device
+
+Processes = Callable[[], Iterable[int]]  # the trial's process ids, now
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,9 @@ class MemoryReading:
 
 
 class MemoryMeter(Protocol):
-    """Measures the peak memory of the process tree below ``root_pid`` (the shim itself excluded)."""
+    """Measures the peak memory of the processes ``processes()`` lists while the trial runs."""
 
-    def start(self, root_pid: int) -> None: ...
+    def start(self, processes: Processes) -> None: ...
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
 
@@ -89,17 +92,17 @@ class RssMeter(_Sampler):
     def __init__(self, interval: float = 0.05) -> None:
         super().__init__(interval)
         self._page = os.sysconf("SC_PAGE_SIZE")
-        self._root = 0
+        self._pids: Processes = tuple
         self._peak = 0
         self._processes = 0
 
-    def start(self, root_pid: int) -> None:
-        self._root, self._peak, self._processes = root_pid, 0, 0
+    def start(self, processes: Processes) -> None:
+        self._pids, self._peak, self._processes = processes, 0, 0
         self.start_sampling()
 
     def sample(self) -> None:
         total, count = 0, 0
-        for pid in trial_pids(self._root):
+        for pid in self._pids():
             try:
                 with open(f"/proc/{pid}/statm") as f:
                     total += int(f.read().split()[1]) * self._page
@@ -127,7 +130,7 @@ class NvmlMeter(_Sampler):
         super().__init__(interval)
         self._nvml = nvml
         self._handle = handle
-        self._root = 0
+        self._pids: Processes = tuple
         self._baseline = 0
         self._peak = 0
         self._trial_pids: set[int] = set()
@@ -136,8 +139,8 @@ class NvmlMeter(_Sampler):
     def _used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle, version=self._nvml.nvmlMemory_v2).used)
 
-    def start(self, root_pid: int) -> None:
-        self._root, self._peak = root_pid, 0
+    def start(self, processes: Processes) -> None:
+        self._pids, self._peak = processes, 0
         self._trial_pids, self._foreign_pids = set(), set()
         self._baseline = self._used()
         self.start_sampling()
@@ -145,7 +148,7 @@ class NvmlMeter(_Sampler):
     def sample(self) -> None:
         self._peak = max(self._peak, self._used())
         if self.samples % self.PROCESS_EVERY == 0:
-            ours = set(trial_pids(self._root))
+            ours = set(self._pids())
             for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
                 (self._trial_pids if proc.pid in ours else self._foreign_pids).add(proc.pid)
 

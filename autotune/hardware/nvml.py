@@ -13,6 +13,7 @@ import ctypes
 import importlib.metadata
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from autotune.core.errors import DeviceError
@@ -48,6 +49,11 @@ def load_nvml() -> Any:
         raise DeviceError(f"NVML is not available (no NVIDIA driver or GPU?): {e}") from e
     _nvml = pynvml
     return _nvml
+
+
+def nvml_loader(nvml: Any = None) -> Callable[[], Any]:
+    """What loads NVML: ``nvml`` itself where one is given (tests pass a fake module), else :func:`load_nvml`."""
+    return load_nvml if nvml is None else lambda: nvml
 
 
 def _warn_if_shadowed() -> None:

@@ -9,28 +9,13 @@ beat comes as usual: the thread never stops before its process does.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from types import TracebackType
 
-from autotune.search.loop import DEFAULT_GRACE_SECONDS, HEARTBEAT_SECONDS
+from autotune.leases.watch import heartbeat_seconds
 from autotune.storage import Store
 
-log = logging.getLogger("autotune.leases.heartbeat")
-
-
-def grace_seconds() -> float:
-    """How long a lease's beats may stop before its worker is taken for dead (AUTOTUNE_HEARTBEAT_GRACE)."""
-    text = os.environ.get("AUTOTUNE_HEARTBEAT_GRACE", "")
-    try:
-        return float(text) if text and float(text) > 0 else DEFAULT_GRACE_SECONDS
-    except ValueError:
-        return DEFAULT_GRACE_SECONDS
-
-
-def heartbeat_seconds() -> float:
-    """A beat every sixth of the grace period (at most HEARTBEAT_SECONDS): a few lost beats are harmless."""
-    return min(HEARTBEAT_SECONDS, grace_seconds() / 6)
+log = logging.getLogger(__name__)
 
 
 class Heartbeat:

@@ -13,14 +13,14 @@ import os
 import runpy
 import sys
 
-from autotune.runtime import trial
+from autotune.runtime import hooks, trial
 
 
 def main(argv: list[str]) -> int:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         sys.stderr.write("usage: python -m autotune.runtime.harness SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
         return 2
-    trial.install()
+    hooks.install()
     running = trial.current()
     try:
         if argv[0] == "-m":

@@ -9,6 +9,9 @@ Public API (re-exported as ``autotune.batch_size``, ``autotune.prepare``, ``auto
 - ``step(samples)``: counts a training step. Steps are also counted automatically through torch's global
   optimizer step hook (first optimizer only); the first explicit ``step()`` call turns that off.
 
+The hooks that count steps and apply the plan without a change to the script are in
+``autotune.runtime.hooks``.
+
 When warm-up + measured steps are done, the runtime writes its report and raises :class:`TrialComplete`
 (a ``SystemExit(0)``), so the script ends cleanly even if it would train forever.
 
@@ -18,20 +21,15 @@ torch is never imported here: hooks are installed when the script itself imports
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from types import ModuleType
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from autotune.core.errors import InputError
-from autotune.core.plans import parse_plan
+from autotune.core.plans import Backend, parse_plan
 from autotune.core.protocol import (
     BACKEND_ENV,
     BATCH_SIZE_ENV,
@@ -109,7 +107,7 @@ class _Trial:
         if self.probe is None:
             return None
         self.probe.optimizer = self.optimizer
-        return dict(self.probe.result())
+        return dict(self.probe.result().to_json())
 
     def conclude(self, error: BaseException | None) -> int:
         """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code."""
@@ -171,8 +169,10 @@ def prepare(model: M) -> M:
     for the torch backend; for the ORT backend (the trial's, else ``$AUTOTUNE_BACKEND=ort``) the model
     wrapped in ORTModule, whose plan is in ORT's own environment variables."""
     trial = current()
-    backend = trial.request.backend if trial is not None else os.environ.get(BACKEND_ENV, "torch")
-    if backend == "ort":
+    backend = (
+        trial.request.backend if trial is not None else Backend.parse(os.environ.get(BACKEND_ENV, "torch"))
+    )
+    if backend is Backend.ORT:
         return _prepare_ort(model, trial)
     plan = parse_plan(trial.request.plan if trial is not None else os.environ.get(PLAN_ENV, "none"))
     if plan.is_none and trial is None:
@@ -180,7 +180,7 @@ def prepare(model: M) -> M:
     from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
 
     if trial is not None:
-        trial.candidates = [c.summary() for c in find_candidates(model)]  # type: ignore[arg-type]
+        trial.candidates = [asdict(c.summary()) for c in find_candidates(model)]  # type: ignore[arg-type]
         if trial.request.probe:
             from autotune.backends.torch_probe import Probe
 
@@ -214,23 +214,6 @@ def step(samples: int | None = None) -> None:
         trial.step(samples)
 
 
-def install() -> None:
-    """Hook the running trial into torch: count optimizer steps, apply the plan at the first forward."""
-    trial = current()
-    if trial is None:
-        return
-    if trial.request.backend == "ort":
-        # Before the script runs: a script that imports ORTModule itself needs the compatibility fixes
-        # in place before onnxruntime's first import (autotune.backends.ort).
-        from autotune.backends.ort import load_ortmodule
-
-        load_ortmodule()
-    if "torch" in sys.modules:
-        _install_torch_hooks(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch", _install_torch_hooks))
-
-
 def is_out_of_memory(error: BaseException) -> bool:
     """CUDA OOM (``torch.OutOfMemoryError``), a Python MemoryError, or torch's CPU allocator refusing."""
     if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
@@ -239,65 +222,6 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and (
         "out of memory" in text.lower() or "can't allocate memory" in text
     )
-
-
-def _install_torch_hooks(torch: Any) -> None:
-    trial = current()
-    assert trial is not None  # install() checked
-
-    def on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
-        if trial.explicit_steps:
-            return
-        if trial.counted_optimizer is None:
-            trial.counted_optimizer = id(optimizer)
-            trial.optimizer = optimizer
-        if id(optimizer) == trial.counted_optimizer:
-            trial.step(None)
-
-    def on_first_forward(module: Any, args: object) -> None:
-        handle.remove()
-        if trial.plan_applied is not None:
-            return
-        if trial.request.backend != "ort":
-            prepare(module)
-        elif type(module).__name__ == "ORTModule":
-            prepare(module)  # the script wrapped it itself: record the plan (and the probe)
-        else:  # a model ORT never sees would be measured as plain PyTorch
-            raise RuntimeError(
-                "--backend ort: the script's model runs without ORTModule; wrap it with "
-                "model = autotune.prepare(model) (or onnxruntime.training.ortmodule.ORTModule(model))"
-            )
-
-    optimizer_module = importlib.import_module("torch.optim.optimizer")
-    module_module = importlib.import_module("torch.nn.modules.module")
-    optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
-    handle = module_module.register_module_forward_pre_hook(on_first_forward)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after module ``name`` has been imported, without importing it."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(
-        self, fullname: str, path: Any, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_hook(module: ModuleType) -> None:
-            exec_module(module)
-            self.callback(module)
-
-        spec.loader.exec_module = exec_then_hook  # type: ignore[method-assign]
-        return spec
 
 
 def _synchronize_cuda() -> None:

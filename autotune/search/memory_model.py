@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autotune.core.budget import fits
+from autotune.core.protocol import Outcome
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -24,6 +27,10 @@ class Observation:
     plan: str
     peak_bytes: int
     complete: bool  # False: the trial ran out of memory, so the peak is only a lower bound
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.COMPLETE if self.complete else Outcome.OOM
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ class MemoryModel:
         """The largest batch size for ``plan`` that was measured to fit, or is predicted to fit and lies
         below every batch size measured not to fit."""
         measured = {o.batch_size: o for o in self.observations if o.plan == plan}
-        failing = [b for b, o in measured.items() if not o.complete or o.peak_bytes > limit]
+        failing = [b for b, o in measured.items() if not fits(o.outcome, o.peak_bytes, limit)]
         ceiling = min(failing, default=None)
         best = None
         for batch in batch_sizes:

@@ -1,31 +1,45 @@
 """One stored trial as autotune reads it: a view over an Optuna FrozenTrial's params and user attributes.
 
-Every trial carries ``kind``: ``measured`` (ran here), ``verification`` (the winner re-run longer),
-``warm-start`` (measured for another budget of the same workload), ``skipped`` (the memory model predicted
-it cannot fit; not run), ``copy`` (the sampler proposed a configuration measured already). Only
-``measured`` trials count against ``--trials``.
+Every trial carries a :class:`TrialKind`; only ``measured`` trials count against ``--trials``.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from autotune.core.budget import fits
+from autotune.core.protocol import Outcome
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 MiB = 2**20
-COUNTED = ("measured",)
+
+
+class TrialKind(str, enum.Enum):
+    """Why a trial is in the study (its ``kind`` user attribute)."""
+
+    MEASURED = "measured"  # ran here, for this study
+    VERIFICATION = "verification"  # the winner re-run longer
+    WARM_START = "warm-start"  # measured for another budget of the same workload
+    SKIPPED = "skipped"  # the memory model predicted it cannot fit: not run
+    COPY = "copy"  # the sampler proposed a configuration measured already: not run
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
 class TrialRecord:
     number: int
     state: str  # Optuna's: COMPLETE, FAIL, PRUNED, RUNNING, WAITING
-    kind: str
+    kind: TrialKind
     batch_size: int | None
     plan: str | None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     peak_bytes: int | None = None
     samples_per_sec: float | None = None
     predicted_peak_bytes: int | None = None
@@ -41,31 +55,32 @@ class TrialRecord:
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
         attrs: dict[str, Any] = trial.user_attrs
+        outcome = attrs.get("outcome")
         return cls(
             number=trial.number,
             state=trial.state.name,
-            kind=attrs.get("kind", "measured"),
+            kind=TrialKind(attrs.get("kind", TrialKind.MEASURED)),
             batch_size=trial.params.get("batch_size"),
             plan=trial.params.get("plan"),
+            outcome=Outcome(outcome) if outcome is not None else None,
             **{name: attrs.get(name) for name in _ATTRS},
         )
 
     @property
     def counted(self) -> bool:
         """Ran to an end in this study (not skipped, copied, warm-started or interrupted)."""
-        return self.kind in COUNTED and self.outcome is not None
+        return self.kind is TrialKind.MEASURED and self.outcome is not None
 
     @property
     def measured(self) -> bool:
         """Its peak is a measurement (a complete or out-of-memory trial, here or for another budget)."""
-        return self.outcome in ("complete", "oom") and self.peak_bytes is not None
+        return self.outcome in (Outcome.COMPLETE, Outcome.OOM) and self.peak_bytes is not None
 
     def fits(self, limit: int) -> bool:
-        return self.outcome == "complete" and self.peak_bytes is not None and self.peak_bytes <= limit
+        return fits(self.outcome, self.peak_bytes, limit)
 
 
 _ATTRS = (
-    "outcome",
     "peak_bytes",
     "samples_per_sec",
     "predicted_peak_bytes",
@@ -78,6 +93,12 @@ _ATTRS = (
     "verified_peak_bytes",
     "verified_samples_per_sec",
 )
+
+
+def best_record(records: Iterable[TrialRecord], limit: int) -> TrialRecord | None:
+    """The fastest trial measured (here or for another budget) whose peak fits ``limit``."""
+    fitting = [r for r in records if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START) and r.fits(limit)]
+    return max(fitting, key=lambda r: r.samples_per_sec or 0.0, default=None)
 
 
 def constraint_mib(peak_bytes: int, limit: int, complete: bool) -> float:

@@ -14,9 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends import ort_plans, parse_backend_plan
+from autotune.backends.probe import operator_plans
+from autotune.backends.probe_report import ModuleCandidate, OrtProbeReport, ProbeReport
 from autotune.core.errors import InputError
-from autotune.core.plans import parse_backend_plan, parse_plan
+from autotune.core.plans import Backend, parse_plan
 
+DEFAULT_TRIALS = 16  # trials a study holds unless --trials says otherwise
 DEFAULT_MAX_BATCH = 65536
 RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated class
 
@@ -64,7 +68,7 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...]:
     )
 
 
-def parse_plan_list(texts: Sequence[str], backend: str = "torch") -> tuple[str, ...]:
+def parse_plan_list(texts: Sequence[str], backend: Backend | str = Backend.TORCH) -> tuple[str, ...]:
     """Plans given with ``--plans`` (separated by ';' or given several times), canonical and deduplicated."""
     plans: list[str] = []
     for text in texts:
@@ -79,30 +83,26 @@ def parse_plan_list(texts: Sequence[str], backend: str = "torch") -> tuple[str, 
 
 
 def default_plans(
-    candidates: Sequence[dict[str, Any]], operator_plans: Sequence[str] = ()
+    candidates: Sequence[ModuleCandidate], operator_level: Sequence[str] = ()
 ) -> tuple[str, ...]:
     """In the order the search's frontier visits them: none; the outermost classes in full; the probe's
     operator-level plans; the outermost classes at 25/50/75%; the nested classes in full."""
-    outer = [c for c in candidates if c["outermost"]]
-    plans = ["none", *(f"{c['cls']}:1" for c in outer), *operator_plans]
-    plans += [f"{c['cls']}:{ratio:g}" for c in outer if c["count"] >= 4 for ratio in RATIOS]
-    plans += [f"{c['cls']}:1" for c in candidates if not c["outermost"]]
+    outer = [c for c in candidates if c.outermost]
+    plans = ["none", *(f"{c.cls}:1" for c in outer), *operator_level]
+    plans += [f"{c.cls}:{ratio:g}" for c in outer if c.count >= 4 for ratio in RATIOS]
+    plans += [f"{c.cls}:1" for c in candidates if not c.outermost]
     return tuple(dict.fromkeys(str(parse_plan(p)) for p in plans))
 
 
 def build_space(
-    batch_sizes: tuple[int, ...],
-    plans: tuple[str, ...] | None,
-    candidates: Sequence[dict[str, Any]],
-    operator_plans: Sequence[str] = (),
-    probe_data: dict[str, Any] | None = None,
+    batch_sizes: tuple[int, ...], plans: tuple[str, ...] | None, probe: ProbeReport | None
 ) -> SearchSpace:
-    """The user's plans, or the defaults: for torch the module-level plans with the probe's operator-level
-    ones, for ORT (an ORT probe) ORT's own plans with the largest savings and its levels."""
-    from autotune.backends import ort_plans
-
+    """The user's plans, or the defaults from the probe: for torch the module-level plans with the operator
+    level ones, for ORT ORT's own plans with the largest savings and its levels."""
     if plans:
         return SearchSpace(batch_sizes, plans)
-    if ort_plans.is_ort_probe(probe_data):
-        return SearchSpace(batch_sizes, ort_plans.default_plans(probe_data))
-    return SearchSpace(batch_sizes, default_plans(candidates, operator_plans))
+    if isinstance(probe, OrtProbeReport):
+        return SearchSpace(batch_sizes, ort_plans.default_plans(probe))
+    if probe is None:
+        return SearchSpace(batch_sizes, default_plans(()))
+    return SearchSpace(batch_sizes, default_plans(probe.candidates, operator_plans(probe)))

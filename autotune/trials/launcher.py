@@ -10,6 +10,7 @@ Start trials from a thread that lives as long as the tuner: the shim's PR_SET_PD
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import TrialError
-from autotune.trials.interrupts import StopRequested
-from autotune.hardware.meters import MemoryMeter, MemoryReading
 from autotune.core.protocol import read_progress
+from autotune.hardware.meters import MemoryMeter, MemoryReading
+from autotune.trials._shim import descendants
+from autotune.trials.interrupts import StopRequested
 
 SHIM = Path(__file__).with_name("_shim.py")
 POLL_SECONDS = 0.05
@@ -74,6 +76,37 @@ def run_process(
         KeyboardInterrupt: after the trial has been stopped cleanly.
         StopRequested: ``stop`` was set; the trial has been stopped cleanly.
     """
+    started = time.monotonic()
+    shim = _start_shim(launch)
+    meter.start(functools.partial(descendants, shim.pid))
+    timed_out: str | None = None
+    try:
+        with interruptible() if interruptible is not None else nullcontext():
+            timed_out = _wait(shim, launch, started, on_poll, stop)
+    except BaseException:
+        _stop(shim, launch.grace)
+        raise
+    finally:
+        wall = time.monotonic() - started
+        result = _read_result(launch.workdir / "shim.json", shim)
+        reading = meter.stop(result.get("maxrss_bytes", 0))
+    exit_info = ProcessExit(
+        exit_code=result["exit_code"],
+        signal=result["signal"],
+        main_maxrss_bytes=result["maxrss_bytes"],
+        wall_seconds=wall,
+        timed_out=timed_out,
+        stopped=result["stopped"],
+    )
+    return exit_info, reading
+
+
+def _start_shim(launch: Launch) -> subprocess.Popen[bytes]:
+    """The shim, running the trial's command in its own session, its output in the trial's logs.
+
+    Raises:
+        TrialError: it could not be started.
+    """
     result_path = launch.workdir / "shim.json"
     shim_argv = [
         sys.executable,
@@ -85,14 +118,13 @@ def run_process(
         str(launch.grace),
         "--",
     ]
-    started = time.monotonic()
     with (
         open(launch.workdir / "stdout.log", "ab") as out,
         open(launch.workdir / "stderr.log", "ab") as err,
         _stop_signals_blocked(),
     ):
         try:
-            shim = subprocess.Popen(
+            return subprocess.Popen(
                 [*shim_argv, *launch.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -103,29 +135,6 @@ def run_process(
             )
         except OSError as e:
             raise TrialError(f"cannot start the trial launcher: {e}") from e
-    meter.start(shim.pid)
-    timed_out: str | None = None
-    try:
-        with interruptible() if interruptible is not None else nullcontext():
-            timed_out = _wait(shim, launch, started, on_poll, stop)
-    except BaseException:
-        _stop(shim, launch.grace)
-        raise
-    finally:
-        wall = time.monotonic() - started
-        result = _read_result(result_path, shim)
-        reading = meter.stop(result.get("maxrss_bytes", 0))
-    return (
-        ProcessExit(
-            exit_code=result["exit_code"],
-            signal=result["signal"],
-            main_maxrss_bytes=result["maxrss_bytes"],
-            wall_seconds=wall,
-            timed_out=timed_out,
-            stopped=result["stopped"],
-        ),
-        reading,
-    )
 
 
 @contextmanager

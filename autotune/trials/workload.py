@@ -1,9 +1,8 @@
-"""What makes two tuning jobs the same: the workload fingerprint and the study key.
+"""What makes two trials' measurements comparable: the workload and its fingerprint.
 
 The *workload* is the script (its bytes and the argument template), the device (model and total memory)
-and the software (torch, ONNX Runtime, NVIDIA driver versions) and backend. The *study key* adds what
-the search was asked: budget, headroom, search space and trial lengths. The same study key is answered
-from the database with zero trials; other budgets of the same workload share their measurements.
+and the software (torch, ONNX Runtime, NVIDIA driver versions) and backend. Every budget of one workload
+shares its measurements; the study key (autotune.search.naming) adds what a search was asked.
 """
 
 from __future__ import annotations
@@ -11,17 +10,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.trials.command import TrialCommand
+from autotune.core.plans import Backend
 from autotune.hardware.devices import Device
-from autotune.core.errors import InputError
-
-MAX_STUDY_NAME = 128
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+from autotune.trials.command import TrialCommand
 
 
 @dataclass(frozen=True)
@@ -31,7 +26,7 @@ class Workload:
     details: dict[str, Any]  # everything hashed into the fingerprint except the script bytes
 
 
-def workload_of(command: TrialCommand, device: Device, backend: str) -> Workload:
+def workload_of(command: TrialCommand, device: Device, backend: Backend | str) -> Workload:
     """The fingerprint of running ``command`` on ``device`` with ``backend`` and the installed software."""
     script = command.script_path()
     details: dict[str, Any] = {
@@ -44,44 +39,13 @@ def workload_of(command: TrialCommand, device: Device, backend: str) -> Workload
             "onnxruntime-training": _version("onnxruntime-training"),
             "nvidia-driver": device.driver,
         },
-        "backend": backend,
+        "backend": str(backend),
     }
-    return Workload(_digest(details), script or command.words[0], details)
+    return Workload(digest(details), script or command.words[0], details)
 
 
-def study_key(
-    workload: Workload, budget_bytes: int, headroom: float, space: dict[str, Any], steps: tuple[int, int]
-) -> str:
-    return _digest(
-        {
-            "workload": workload.fingerprint,
-            "budget_bytes": budget_bytes,
-            "headroom": headroom,
-            "space": space,
-            "steps": list(steps),
-        }
-    )
-
-
-def default_study_name(workload: Workload, key: str) -> str:
-    stem = _UNSAFE.sub("-", Path(workload.script).stem).strip("-.")[:64] or "study"
-    return f"{stem}-{key[:12]}"
-
-
-def check_study_name(name: str) -> str:
-    """Validate a user-given study name (it must work on SQLite and PostgreSQL alike).
-
-    Raises:
-        InputError: control characters, '/', '..', or more than 128 characters.
-    """
-    if not name or len(name) > MAX_STUDY_NAME:
-        raise InputError(f"study name must be 1 to {MAX_STUDY_NAME} characters, got {len(name)}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name) or "/" in name or ".." in name:
-        raise InputError(f"invalid study name {name!r}: no control characters, '/' or '..'")
-    return name
-
-
-def _digest(data: dict[str, Any]) -> str:
+def digest(data: dict[str, Any]) -> str:
+    """A stable sha256 of JSON-ready ``data``."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,4 +1,5 @@
-"""The daemon: ``autotune submit`` records a tuning job, ``autotune worker`` runs the trials of open jobs.
+"""The daemon: ``autotune worker`` runs the trials of open jobs (``autotune submit``, autotune.workers.submit,
+records them).
 
 A worker runs one thread per device, each one trial at a time, and a heartbeat thread. Workers on any
 number of hosts cooperate through the database alone (leases, autotune.search.loop): no home-made protocol.
@@ -7,6 +8,7 @@ number of hosts cooperate through the database alone (leases, autotune.search.lo
                   │  each device thread, in a loop:
                   ▼
     worker ──► JobWork.step(): probe (leased) ─► Search.step() ─► verify_step() ─► job done/failed
+                  (autotune.workers.jobwork)
 
 SIGTERM or SIGINT stops a worker cleanly: each running trial is stopped, its configuration released to
 the queue (same attempt: a stop is not a fault) and its Optuna trial failed; nothing is left RUNNING.
@@ -16,54 +18,40 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from functools import partial
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any
 
 from autotune.core.errors import InputError, NoFitError, ScriptError
-from autotune.trials.workload import check_study_name
+from autotune.hardware.devices import gpu_count
+from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
+from autotune.leases.identity import worker_id
+from autotune.search.loop import Step
+from autotune.storage import JobRow, JobState, open_store
 from autotune.trials.interrupts import StopRequested
-from autotune.workers.jobs import JobRefused, job_row, spec_digest, spec_of
-from autotune.search.records import TrialRecord
-from autotune.search.loop import Search, Step, worker_id
-from autotune.storage import JobRow, Store, open_store
-
-if TYPE_CHECKING:  # without importing the tuning machinery at CLI start
-    from autotune.workers.tune import TuneSpec
+from autotune.workers.jobs import JobRefused
+from autotune.workers.jobwork import JobWork
+from autotune.workers.lines import LineReporter
 
 POLL_SECONDS = 1.0
 
 
-def submit(spec: TuneSpec) -> JobRow:
-    """Record ``spec`` as an open job (or return the same job submitted before) and return at once."""
-    from autotune.core.paths import cache_dir, default_storage_url
-
-    store = open_store(spec.storage or default_storage_url(cache_dir(spec.cache_dir)))
-    stem = Path(spec.command.script_path() or spec.command.words[0]).stem[:64] or "job"
-    name = spec.study or check_study_name(f"{stem}-{spec_digest(spec)[:12]}")
-    row = job_row(spec, name, worker_id(), "open")
-    stored = store.submit_job(row)
-    if stored.spec != row.spec:
-        raise InputError(
-            f"a different job named {name!r} exists in {store.display_url}: choose another --study"
-        )
-    if spec.force and stored.state in ("done", "failed"):
-        store.forget_study(name)
-        store.set_job_state(name, "open")
-        stored = replace(stored, state="open", error=None)
-    return stored
+def _silent(text: str) -> None:
+    pass
 
 
 def parse_devices(text: str, environ: Mapping[str, str], nvml: Any = None) -> list[str]:
-    """``--devices``: ``auto`` (every GPU NVML sees, else the CPU), ``cpu``, or indices ``0,1,…``."""
+    """``--devices``: ``auto`` (every GPU NVML sees, else the CPU), ``cpu``, or indices ``0,1,…``.
+
+    Raises:
+        InputError: anything else, or a device named twice.
+    """
     if text == "auto":
-        count = gpu_count(environ, nvml)
+        count = gpu_count(environ, nvml_loader(nvml))
         return [f"cuda:{i}" for i in range(count)] if count else ["cpu"]
     devices = []
     for part in text.split(","):
@@ -79,21 +67,6 @@ def parse_devices(text: str, environ: Mapping[str, str], nvml: Any = None) -> li
     return devices
 
 
-def gpu_count(environ: Mapping[str, str], nvml: Any = None) -> int:
-    """The GPUs visible here (CUDA_VISIBLE_DEVICES respected); 0 without NVML. ``nvml``: a loaded module
-    (tests pass a fake); None loads pynvml."""
-    from autotune.hardware.nvml import load_nvml
-
-    try:
-        nvml = nvml or load_nvml()
-    except Exception:
-        return 0
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([v for v in visible.split(",") if v.strip()])
-    return int(nvml.nvmlDeviceGetCount())
-
-
 @dataclass
 class WorkerSummary:
     trials: int = 0  # trials measured (probes and verifications included)
@@ -101,94 +74,6 @@ class WorkerSummary:
     jobs_failed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)  # job -> why
     stopped: bool = False  # by SIGTERM/SIGINT
-
-
-class LineReporter:
-    """Plain lines, one per event, prefixed with the device: readable from several threads and in logs."""
-
-    def __init__(self, device: str, out: TextIO, lock: threading.Lock) -> None:
-        self.device, self.out, self.lock = device, out, lock
-
-    def _line(self, text: str) -> None:
-        with self.lock:
-            print(f"[{self.device}] {text}", file=self.out, flush=True)
-
-    def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
-        self._line(f"trial {number if number >= 0 else '-'}: batch {batch_size}, plan {plan} ({why})")
-
-    def trial_progress(self, steps: int, elapsed: float) -> None:
-        pass
-
-    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
-        peak = f"{(record.peak_bytes or 0) / 2**20:.0f} MiB"
-        speed = f"{record.samples_per_sec:.1f} samples/s" if record.samples_per_sec else "-"
-        self._line(f"trial {record.number}: {record.outcome}, peak {peak}, {speed}")
-
-    def skipped(self, record: TrialRecord) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        self._line(text)
-
-
-class JobWork:
-    """One job as one device thread of this worker sees it: resolved on first use, then stepped."""
-
-    def __init__(
-        self,
-        job: JobRow,
-        store: Store,
-        storage_url: str,
-        device: str,
-        cache: Path | None,
-        environ: dict[str, str],
-        reporter: LineReporter,
-        worker: str,
-        stop: threading.Event,
-        nvml: Any = None,
-    ) -> None:
-        self.job, self.store, self.device, self.environ, self.nvml = job, store, device, environ, nvml
-        self.reporter, self.worker, self.stop = reporter, worker, stop
-        self.spec = spec_of(job, storage_url, cache, device)
-        self.search: Search | None = None
-        self.run_long: Any = None
-        self.trials = 0
-
-    def step(self) -> Step:
-        """One unit of work on this job: a probe, a trial, or a verification.
-
-        Raises:
-            JobRefused: this worker cannot run the job here. ScriptError, NoFitError: the job failed.
-        """
-        from autotune.core.errors import StorageError
-        from autotune.workers.tune import open_study, resolve, verify_step
-
-        if self.search is None:
-            job = resolve(
-                self.spec, self.environ, self.reporter, self.nvml, self.worker, self.stop, self.store
-            )
-            self.trials += job.probes_run
-            try:
-                study = open_study(job.store, job.study_row, self.spec.seed, job.workload, job.limit)
-            except StorageError as e:
-                raise JobRefused(
-                    f"job {self.job.study_name}: this worker's device or software differs from the job's "
-                    f"({job.device.name}): {e}"
-                ) from e
-            self.store.set_job_state(self.job.study_name, "running", only_from=("open",))
-            self.search = job.search(study, self.spec, self.reporter, self.worker, self.stop)
-            self.run_long = partial(job.run, settings=self.spec.verify_settings, stop=self.stop)
-            if job.probes_run:
-                return Step.RAN
-        before = self.search.trials_run
-        step = self.search.step()
-        self.trials += self.search.trials_run - before
-        if step is not Step.FINISHED:
-            return step
-        step, best = verify_step(self.search, self.run_long)
-        if step is Step.RAN:
-            self.trials += 1
-        return Step.FINISHED if best is not None else step
 
 
 class Worker:
@@ -203,9 +88,10 @@ class Worker:
         environ: Mapping[str, str] | None = None,
         once: bool = False,
         jobs: tuple[str, ...] | None = None,
-        out: TextIO | None = None,
+        say: Callable[[str], None] = _silent,
         nvml: Any = None,
     ) -> None:
+        """``say``: where the worker's lines go (the CLI: stderr; tune()'s helpers: the run's notes)."""
         self.storage_url = storage_url
         self.store = open_store(storage_url)
         self.devices = devices
@@ -213,7 +99,7 @@ class Worker:
         self.environ = dict(os.environ if environ is None else environ)
         self.once = once
         self.only = jobs
-        self.out = out or sys.stderr
+        self.say = say
         self.nvml = nvml  # a loaded NVML module (tests: a fake); None: pynvml, loaded where needed
         self.worker = worker_id()
         self.stop = threading.Event()
@@ -227,10 +113,8 @@ class Worker:
             for device in self.devices
         ]
         previous = self._install_signals()
-        print(
-            f"worker {self.worker}: devices {', '.join(self.devices)}; database {self.store.display_url}",
-            file=self.out,
-            flush=True,
+        self.say(
+            f"worker {self.worker}: devices {', '.join(self.devices)}; database {self.store.display_url}"
         )
         try:
             with Heartbeat(self.store, self.worker):
@@ -252,11 +136,9 @@ class Worker:
 
         def stop(signum: int, frame: FrameType | None) -> None:
             if not self.stop.is_set():
-                print(
+                self.say(
                     f"worker {self.worker}: stopping ({signal.Signals(signum).name}): running trials "
-                    "are stopped and released",
-                    file=self.out,
-                    flush=True,
+                    "are stopped and released"
                 )
             self.stop.set()
             self.summary.stopped = True
@@ -264,13 +146,13 @@ class Worker:
         return {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _device_loop(self, device: str) -> None:
-        reporter = LineReporter(device, self.out, self._lock)
+        reporter = LineReporter(device, self.say, self._lock)
         works: dict[str, JobWork] = {}
         try:
             while not self.stop.is_set():
                 jobs = [
                     j
-                    for j in self.store.jobs(states=("open", "running"))
+                    for j in self.store.jobs(states=(JobState.OPEN, JobState.RUNNING))
                     if (self.only is None or j.study_name in self.only)
                     and j.study_name not in self.summary.refused
                 ]
@@ -295,47 +177,45 @@ class Worker:
         """A step on the first of ``jobs`` that has work for this device; None if none had any."""
         for job in jobs:
             name = job.study_name
-            try:
-                if name not in works:
-                    works[name] = JobWork(
-                        job,
-                        self.store,
-                        self.storage_url,
-                        device,
-                        self.cache,
-                        self.environ,
-                        reporter,
-                        self.worker,
-                        self.stop,
-                        self.nvml,
-                    )
-                work = works[name]
-                before = work.trials
-                step = work.step()
-                with self._lock:
-                    self.summary.trials += work.trials - before
-            except JobRefused as e:
-                works.pop(name, None)
-                with self._lock:
-                    self.summary.refused[name] = str(e)
-                reporter.note(f"refusing job {name}: {e}")
-                continue
-            except (ScriptError, NoFitError) as e:
-                works.pop(name, None)
-                error = str(e)
-                self.store.set_job_state(name, "failed", error)
-                with self._lock:
-                    self.summary.jobs_failed.append(name)
-                reporter.note(f"job {name} failed: {str(e).splitlines()[0]}")
-                continue
+            step = self._step(works, job, device, reporter)
             if step is Step.FINISHED:
                 del works[name]  # a long-lived worker keeps only its open jobs' state (Optuna's study cache)
-                self.store.set_job_state(name, "done")
+                self.store.set_job_state(name, JobState.DONE)
                 with self._lock:
                     if name not in self.summary.jobs_done:
                         self.summary.jobs_done.append(name)
                 reporter.note(f"job {name} is done")
-                continue
-            if step is not Step.BUSY:
+            elif step not in (Step.BUSY, None):
                 return step
         return None
+
+    def _step(
+        self, works: dict[str, JobWork], job: JobRow, device: str, reporter: LineReporter
+    ) -> Step | None:
+        """One step of ``job`` on ``device``; None if the job was refused here or failed (it is dropped)."""
+        name = job.study_name
+        try:
+            if name not in works:
+                works[name] = JobWork(
+                    job, self.store, self.storage_url, device, self.cache, self.environ, reporter,
+                    self.worker, self.stop, self.nvml,
+                )  # fmt: skip
+            work = works[name]
+            before = work.trials
+            step = work.step()
+        except JobRefused as e:
+            works.pop(name, None)
+            with self._lock:
+                self.summary.refused[name] = str(e)
+            reporter.note(f"refusing job {name}: {e}")
+            return None
+        except (ScriptError, NoFitError) as e:
+            works.pop(name, None)
+            self.store.set_job_state(name, JobState.FAILED, str(e))
+            with self._lock:
+                self.summary.jobs_failed.append(name)
+            reporter.note(f"job {name} failed: {str(e).splitlines()[0]}")
+            return None
+        with self._lock:
+            self.summary.trials += work.trials - before
+        return step

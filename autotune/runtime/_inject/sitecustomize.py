@@ -14,9 +14,9 @@ import sys
 
 
 def _install() -> None:
-    from autotune.runtime import trial
+    from autotune.runtime import hooks, trial
 
-    trial.install()
+    hooks.install()
     running = trial.current()
     if running is None:
         return

@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from autotune.cli.commands import cli
+from autotune.cli import cli
 
 from conftest import AUTOTUNE, SYNTHETIC, MiB, cli_in_a_fresh_interpreter
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import AUTOTUNE
+from conftest import AUTOTUNE, EXAMPLES, SCRIPTS
 
 pytest.importorskip("onnxruntime", reason="the ort extra is not installed (pip install 'autotune[ort]')")
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "ort_transformer.py"
-LIVE_BYTES = Path(__file__).parent / "scripts" / "ort_live_bytes.py"
+EXAMPLE = EXAMPLES / "ort_transformer.py"
+LIVE_BYTES = SCRIPTS / "ort_live_bytes.py"
 SMALL = ["--seq", "64", "--d-model", "64", "--layers", "2", "--vocab", "128"]
 STEP = re.compile(r"^step (\d+) loss ([0-9.]+)$", re.M)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.runtime import trial
 from autotune.core.errors import InputError
 from autotune.core.protocol import Outcome, TrialReport, TrialRequest
+from autotune.runtime import trial
 
 
 @pytest.fixture
@@ -64,7 +64,10 @@ def _run_child(
     script.write_text(code)
     env = {**os.environ, "AUTOTUNE_TRIAL_REQUEST": str(tmp_path / "request.json")}
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune.runtime.harness", str(script)], env=env, capture_output=True, timeout=120
+        [sys.executable, "-m", "autotune.runtime.harness", str(script)],
+        env=env,
+        capture_output=True,
+        timeout=120,
     )
     return proc.returncode, TrialReport.read(tmp_path / "report.json")
 
@@ -127,7 +130,10 @@ def test_the_harness_applies_the_plan_at_the_first_forward(tmp_path) -> None:
     )
     env = {**os.environ, "AUTOTUNE_TRIAL_REQUEST": str(tmp_path / "request.json")}
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune.runtime.harness", str(script)], env=env, capture_output=True, timeout=120
+        [sys.executable, "-m", "autotune.runtime.harness", str(script)],
+        env=env,
+        capture_output=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert TrialReport.read(tmp_path / "report.json").plan_applied == "Layer:1"

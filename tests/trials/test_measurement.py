@@ -88,11 +88,12 @@ def test_a_memory_error_is_oom(synthetic) -> None:
 
 
 def test_torch_cpu_allocator_failure_is_oom(cache) -> None:
-    from autotune.trials.command import TrialCommand
-    from autotune.hardware.devices import cpu_device
-    from autotune.trials.measurement import TrialSettings, run_trial
-    from autotune.hardware.meters import RssMeter
     from autotune.core.plans import Plan
+    from autotune.hardware.devices import cpu_device
+    from autotune.hardware.meters import RssMeter
+    from autotune.trials.command import TrialCommand
+    from autotune.trials.measurement import run_trial
+    from autotune.trials.result import TrialSettings
 
     script = cache / "huge.py"
     script.write_text("import torch\ntorch.empty(2**62, dtype=torch.uint8)\n")
@@ -204,8 +205,8 @@ def _zombies_of(parent: int) -> list[int]:
 
 @pytest.mark.parametrize("bad", ["missing.py"])
 def test_a_missing_script_is_an_input_error(bad: str) -> None:
-    from autotune.trials.command import TrialCommand
     from autotune.core.errors import InputError
+    from autotune.trials.command import TrialCommand
 
     with pytest.raises(InputError, match=r"script not found: missing\.py"):
         TrialCommand.parse([bad])

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.backends.probe_report import ModuleCandidate
 from autotune.core.errors import InputError
 from autotune.search.memory_model import MemoryModel, Observation
 from autotune.search.space import default_plans, ladder, parse_batch_sizes, parse_plan_list
@@ -40,10 +41,7 @@ def test_plan_lists_are_canonical_and_deduplicated() -> None:
 
 
 def test_default_plans_from_the_candidates() -> None:
-    candidates = [
-        {"cls": "Block", "count": 12, "outermost": True},
-        {"cls": "MLP", "count": 12, "outermost": False},
-    ]
+    candidates = [ModuleCandidate("Block", 12, outermost=True), ModuleCandidate("MLP", 12, outermost=False)]
     assert default_plans(candidates) == ("none", "Block:1", "Block:0.25", "Block:0.5", "Block:0.75", "MLP:1")
     assert default_plans(candidates, ["Block:1/save=matmul"]) == (
         "none",

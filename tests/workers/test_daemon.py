@@ -19,12 +19,14 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.core.budget import parse_budget
+from autotune.search.spec import TuneSpec
 from autotune.trials.command import TrialCommand
-from autotune.trials.measurement import TrialSettings
-from autotune.workers.tune import TuneSpec, tune
+from autotune.trials.result import TrialSettings
+from autotune.workers.tune import tune
 
 from conftest import (
     AUTOTUNE,
+    ROOT,
     SCRIPTS,
     SYNTHETIC,
     signal_as_a_trial_starts,
@@ -264,7 +266,7 @@ def test_a_worker_soak_keeps_fds_and_memory_stable(tmp_path) -> None:
 
     Per-job state kept by a worker after the job is done (an engine per job, each job's Optuna cache)
     grew the worker by 4 fds and 7 MiB over 20 jobs before it was fixed."""
-    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    sys.path.insert(0, str(ROOT / "bench"))
     import soak
 
     samples, _, code = soak.soak(80, tmp_path, jobs=8)

@@ -13,12 +13,11 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.trials.measurement import TrialResult
 from autotune.core.protocol import Outcome
-from autotune.search.reporting import SilentReporter
-from autotune.search.loop import Search, fail_trial, failure_note, tell_result
-from autotune.search.space import SearchSpace
-from autotune.storage import Store, open_store
+from autotune.search.optuna_trials import fail_trial, tell_result
+from autotune.search.recovery import Recovery, failure_note
+from autotune.storage import LeaseKind, Store, open_store
+from autotune.trials.result import TrialResult
 
 MiB = 1 << 20
 SPACE = {"batch_size": CategoricalDistribution((8, 16)), "plan": CategoricalDistribution(("none", "all"))}
@@ -141,30 +140,16 @@ def test_a_retried_tell_whose_first_attempt_committed_stores_one_trial(storage) 
     assert (told.state, told.value, told.constraints) == (TrialState.COMPLETE, 99.0, {"memory": -50.0})
 
 
-def a_worker(url: str, name: str) -> Search:
-    """A search as another live worker runs it (it never runs a trial here); a lease is dead once its
-    beats stop (grace 0)."""
+def a_worker(url: str, name: str) -> Recovery:
+    """Another live worker's view of the study's leases; a lease is dead once its beats stop (grace 0)."""
     store = open_store(url)
-    space = SearchSpace(batch_sizes=(8, 16), plans=("none", "all"))
-    never_runs = None
-    return Search(
-        study_of(store),
-        space,
-        200 * MiB,
-        never_runs,
-        4,
-        SilentReporter(),
-        store,
-        "cpu",
-        grace=0.0,
-        worker=name,
-    )
+    return Recovery(study_of(store), store, name, grace=0.0)
 
 
 def a_dead_worker_s_trial(url: str) -> tuple[int, int]:
     """A trial measured by a worker on another host that died (its lease beats no more): (trial, lease)."""
     store = open_store(url)
-    lease = store.claim("races", "trial", 16, "all", 0, "host-b:7:7", "cuda:0")
+    lease = store.claim("races", LeaseKind.TRIAL, 16, "all", 0, "host-b:7:7", "cuda:0")
     assert lease is not None
     trial = worker_s_view(url).ask(AT_16_ALL)
     trial.set_user_attr("worker", "host-b:7:7")

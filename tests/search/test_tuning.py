@@ -17,7 +17,7 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from autotune.cli.commands import cli
+from autotune.cli import cli
 
 from conftest import SYNTHETIC, MiB, cli_in_a_fresh_interpreter
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 
 from autotune.core.errors import StorageError
-from autotune.storage import Store, open_store
+from autotune.storage import LeaseKind, LeaseState, Store, open_store
 
 WORKER = "host:1234:5678"
 
@@ -23,7 +23,7 @@ def test_sibling_threads_of_one_worker_never_share_a_claim(storage) -> None:
     def claim(device: str) -> None:
         barrier.wait()
         for batch in range(1, 21):
-            lease = store.claim("s", "trial", batch, "none", 0, WORKER, device)
+            lease = store.claim("s", LeaseKind.TRIAL, batch, "none", 0, WORKER, device)
             if lease is not None:
                 won.append((batch, device))
 
@@ -51,8 +51,12 @@ def test_a_retried_claim_that_had_committed_is_its_own(storage, monkeypatch) -> 
             raise StorageError("connection lost") from lost
 
     monkeypatch.setattr(Store, "_connect", commit_then_lose_the_connection)
-    lease = store.claim("s", "trial", 8, "none", 0, WORKER, "cuda:0")
-    assert lease is not None and (lease.batch_size, lease.worker, lease.state) == (8, WORKER, "running")
+    lease = store.claim("s", LeaseKind.TRIAL, 8, "none", 0, WORKER, "cuda:0")
+    assert lease is not None and (lease.batch_size, lease.worker, lease.state) == (
+        8,
+        WORKER,
+        LeaseState.RUNNING,
+    )
     assert len(store.leases("s")) == 1
     # A first try that meets the row is never its own, even for the same worker id (another thread's).
-    assert store.claim("s", "trial", 8, "none", 0, WORKER, "cuda:1") is None
+    assert store.claim("s", LeaseKind.TRIAL, 8, "none", 0, WORKER, "cuda:1") is None

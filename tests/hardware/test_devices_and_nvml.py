@@ -6,16 +6,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from autotune.trials.command import TrialCommand
-from autotune.hardware.devices import resolve_device
 from autotune.core.errors import DeviceError, InputError
-from autotune.trials.measurement import MeasureSpec, TrialSettings, measure
-from autotune.hardware.meters import NvmlMeter, RssMeter
 from autotune.core.protocol import Outcome
+from autotune.hardware.devices import resolve_device
+from autotune.hardware.meters import NvmlMeter, RssMeter
+from autotune.trials._shim import descendants
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import MeasureSpec, measure
+from autotune.trials.result import TrialSettings
 
 from conftest import SCRIPTS, MiB, in_a_fresh_interpreter
 from fake_nvml import FakeGpu, FakeNvml
@@ -218,7 +221,7 @@ def test_one_meter_measures_trial_after_trial(fake, tmp_path) -> None:
     readings = []
     for mib in (300, 100, 200):
         proc = _holder(gpu.usage_file, mib)
-        meter.start(proc.pid)
+        meter.start(partial(descendants, proc.pid))
         proc.wait()
         readings.append(meter.stop(0))
     assert [r.peak_bytes for r in readings] == [300 * MiB, 100 * MiB, 200 * MiB]
@@ -227,7 +230,7 @@ def test_one_meter_measures_trial_after_trial(fake, tmp_path) -> None:
     peaks = []
     for mib in (120, 40):
         proc = _holder(None, mib, processes=2)  # two processes: the sampled rss-tree path
-        rss.start(proc.pid)
+        rss.start(partial(descendants, proc.pid))
         proc.wait()
         reading = rss.stop(0)
         assert (reading.method, reading.processes) == ("rss-tree", 2)

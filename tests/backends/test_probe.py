@@ -3,54 +3,55 @@
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 
 import pytest
 
-from autotune.core.plans import parse_plan
 from autotune.backends.probe import predicted_saving, rows
+from autotune.backends.probe_report import InstanceStats, ModuleCandidate, TorchProbeReport
+from autotune.core.plans import parse_plan
 
 from conftest import AUTOTUNE, DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB, measure_example
 
 
-def probe_data(units: int = 4, saved: int = 10, inputs: int = 1, matmul_out: int = 3) -> dict:
-    """Probe data of a model of ``units`` blocks, each keeping ``saved`` bytes for backward (MLP: half)."""
-    instances = []
-    for i in range(units):
-        instances.append(
-            {
-                "name": f"blocks.{i}",
-                "cls": "Block",
-                "saved_bytes": saved,
-                "input_bytes": inputs,
-                "forward_seconds": 1.0,
-                "saved_by_kind": {"softmax": 4, "matmul": 6},
-                "output_bytes": {"matmul": matmul_out, "softmax": 4, "elementwise": 2},
-            }
+def probe_data(units: int = 4, saved: int = 10, inputs: int = 1, matmul_out: int = 3) -> TorchProbeReport:
+    """Probe report of a model of ``units`` blocks, each keeping ``saved`` bytes for backward (MLP: half)."""
+    blocks = [
+        InstanceStats(
+            f"blocks.{i}", "Block", saved, inputs, 1.0,
+            saved_by_kind={"softmax": 4, "matmul": 6},
+            output_bytes={"matmul": matmul_out, "softmax": 4, "elementwise": 2},
         )
-    for i in range(units):
-        instances.append(
-            {
-                "name": f"blocks.{i}.mlp",
-                "cls": "MLP",
-                "saved_bytes": saved // 2,
-                "input_bytes": inputs,
-                "forward_seconds": 0.5,
-                "saved_by_kind": {"matmul": 5},
-                "output_bytes": {"matmul": 2},
-            }
+        for i in range(units)
+    ]  # fmt: skip
+    mlps = [
+        InstanceStats(
+            f"blocks.{i}.mlp",
+            "MLP",
+            saved // 2,
+            inputs,
+            0.5,
+            saved_by_kind={"matmul": 5},
+            output_bytes={"matmul": 2},
         )
-    return {
-        "batch_size": 2,
-        "instances": instances,
-        "forward_seconds": 4.0,
-        "op_seconds": {"matmul": 3.0, "softmax": 1.0},
-        "candidates": [
-            {"cls": "Block", "count": units, "outermost": True},
-            {"cls": "MLP", "count": units, "outermost": False},
-        ],
-    }
+        for i in range(units)
+    ]
+    return TorchProbeReport(
+        batch_size=2,
+        weights_bytes=0,
+        gradients_bytes=0,
+        optimizer_state_bytes=None,
+        activation_bytes=units * saved,
+        forward_seconds=4.0,
+        op_seconds={"matmul": 3.0, "softmax": 1.0},
+        candidates=(ModuleCandidate("Block", units, True), ModuleCandidate("MLP", units, False)),
+        instances=(*blocks, *mlps),
+    )
+
+
+def test_the_report_reads_back_from_its_json() -> None:
+    report = probe_data()
+    assert TorchProbeReport.from_json(json.loads(json.dumps(report.to_json()))) == report
 
 
 @pytest.mark.parametrize(
@@ -144,24 +145,13 @@ def test_predicted_saving_of_all_is_within_25_percent_of_the_measured(gpt_probe,
 
 
 @pytest.mark.slow
-@pytest.mark.timing  # its samples/s must not share the cores with another test's trials
-def test_an_operator_level_plan_saves_memory_for_less_time_than_full_checkpointing(
-    example_peaks, tmp_path
-) -> None:
+def test_an_operator_level_plan_saves_memory(example_peaks, tmp_path) -> None:
+    """Its speed against full checkpointing depends on the machine (faster here on the CPU for wide models,
+    slower on an H100 for this tiny one): that is bench/plans.py's figure, not a test's assertion."""
     selective = "Block:1/save=attention+matmul"
     saved = measure_example(tmp_path, selective, DETERMINISTIC_CPU_ALLOCATOR)
     assert saved["plan"] == selective
     assert saved["peak_bytes"] < example_peaks["none"]["peak_bytes"] - 40 * MiB
-    # Time on a wider, shallower variant, where matmuls (which `all` recomputes and this plan keeps) weigh
-    # as they do in real models (~85 vs ~70 samples/s at batch 16 here; at the default width, elementwise
-    # work dominates and the gap is ~12%). The allocator as users run it; medians, as one short CPU run's
-    # samples/s varies by ~5-10%.
-    wide = ("--n-layer", "2", "--n-embd", "256")
-    speed: dict[str, list[float]] = {"all": [], selective: []}
-    for _ in range(3):
-        for plan in speed:
-            speed[plan].append(measure_example(tmp_path, plan, batch=16, model=wide)["samples_per_sec"])
-    assert statistics.median(speed[selective]) > statistics.median(speed["all"]), speed
 
 
 @pytest.mark.slow

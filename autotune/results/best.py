@@ -1,7 +1,7 @@
-"""Answers from the database, with no trial and no torch: ``best``, ``studies``, ``show``.
+"""``autotune best``: the best stored plan, from the database alone, with no trial and no torch.
 
 A verified winner is answered from autotune's own tables; Optuna (and its storage) is imported only to read
-trials: an unverified answer, ``studies``' counts, ``show``. ``autotune best`` stays well under a second.
+trials, for a budget with no verified winner. ``autotune best`` stays well under a second.
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.core.budget import Budget, format_bytes
-from autotune.trials.command import TrialCommand
-from autotune.hardware.devices import resolve_device
+from autotune.core.budget import DEFAULT_HEADROOM, Budget, Limit, format_bytes
 from autotune.core.errors import InputError, NoFitError
-from autotune.trials.workload import workload_of
 from autotune.core.paths import cache_dir, default_storage_url
-from autotune.backends.probe import saving_per_sample
+from autotune.core.plans import Backend
 from autotune.core.protocol import BACKEND_ENV, BATCH_SIZE_ENV, PLAN_ENV
-from autotune.search.records import TrialRecord
+from autotune.hardware.devices import resolve_device
+from autotune.results.records import study_records
+from autotune.search.records import TrialRecord, best_record
 from autotune.storage import Store, StudyRow, open_store
-
-DEFAULT_HEADROOM = 0.05
+from autotune.trials.command import TrialCommand
+from autotune.trials.workload import workload_of
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class BestAnswer:
     budget_bytes: int
     verified: bool
     source: str  # where the answer comes from, for humans
-    backend: str = "torch"
+    backend: Backend = Backend.TORCH
     fingerprint: str = ""  # the workload's
     cache: str = ""  # autotune's cache dir, where an ORT plan's files live
 
@@ -47,46 +46,23 @@ class BestAnswer:
         ORT's own variables: the plan as ORTMODULE_MEMORY_OPT_CONFIG's file (written under the cache dir),
         the fallback policy and the workload's export cache; the script calls ``autotune.prepare(model)``."""
         env = {BATCH_SIZE_ENV: str(self.batch_size), PLAN_ENV: self.plan}
-        if self.backend == "ort":
+        if self.backend is Backend.ORT:
             from autotune.backends import ort_plans
 
             cache = Path(self.cache)
             plan_file = cache / "ort-plans" / f"{self.study}.json"
-            env[BACKEND_ENV] = "ort"
+            env[BACKEND_ENV] = Backend.ORT.value
             env.update(
                 ort_plans.environment(ort_plans.parse_ort_plan(self.plan), plan_file, cache, self.fingerprint)
             )
         return env
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "env": self.env()}
-
-
-@dataclass(frozen=True)
-class PlanCheck:
-    """The probe's predicted saving of a plan beside the saving its measured trials show (bytes per sample)."""
-
-    plan: str
-    predicted: float
-    measured: float | None  # None until the plan (and none) have been measured
-    flagged: bool  # measured and more than FLAG_TOLERANCE away from the prediction
-
-
-FLAG_TOLERANCE = 0.25
-
-
-@dataclass(frozen=True)
-class StudySummary:
-    name: str
-    script: str
-    budget_bytes: int
-    trials: int  # counted trials
-    best_samples_per_sec: float | None
-    state: str  # the job's (open, running, done, failed); without a job: done (winner stored) or open
-    budget_text: str = ""  # as submitted, for a job no worker has started yet (budget_bytes 0)
+        return {**asdict(self), "backend": self.backend.value, "env": self.env()}
 
 
 def open_default(storage: str | None, cache: Path | None) -> Store:
+    """The database answers are read from (opened for answering: no creation lock, Optuna only if needed)."""
     return open_store(storage or default_storage_url(cache_dir(cache)), answering=True)
 
 
@@ -97,7 +73,7 @@ def best(
     study: str | None = None,
     device: str = "auto",
     environ: Mapping[str, str] | None = None,
-    backend: str = "torch",
+    backend: Backend = Backend.TORCH,
     cache: Path | None = None,
 ) -> BestAnswer:
     """The best stored plan: of ``study``, of ``command`` (at ``budget``), or the most recent one.
@@ -113,10 +89,9 @@ def best(
     )
     row = store.study(answer.study)
     workload = store.workload(row.fingerprint) if row is not None else None
-    details = (workload or {}).get("details") or {}
     return dataclasses.replace(
         answer,
-        backend=details.get("backend", "torch"),
+        backend=Backend.parse(workload.backend) if workload is not None else Backend.TORCH,
         fingerprint=row.fingerprint if row is not None else "",
         cache=str(cache_dir(cache)),
     )
@@ -129,7 +104,7 @@ def _best(
     study: str | None,
     device: str,
     env: dict[str, str],
-    backend: str,
+    backend: Backend,
 ) -> BestAnswer:
     if study is not None:
         row = store.study(study)
@@ -180,12 +155,10 @@ def _for_budget(store: Store, rows: list[StudyRow], budget_bytes: int) -> BestAn
 
 
 def _from_trials(store: Store, rows: list[StudyRow], budget_bytes: int, headroom: float) -> BestAnswer:
-    from autotune.search.loop import best_record
-
-    limit = int(budget_bytes * (1 - headroom))
+    limit = Limit(budget_bytes, headroom).bytes
     found: list[tuple[TrialRecord, StudyRow]] = []
     for row in rows:
-        record = best_record(_records(store, row.study_name), limit)
+        record = best_record(study_records(store, row.study_name), limit)
         if record is not None:
             found.append((record, row))
     if not found:
@@ -203,68 +176,3 @@ def _from_trials(store: Store, rows: list[StudyRow], budget_bytes: int, headroom
         f"not verified: the fastest of the measured trials that fit (trial {record.number} of study "
         f"{row.study_name})",
     )
-
-
-def studies(store: Store) -> list[StudySummary]:
-    """Every study, and every submitted job that no worker has started yet."""
-    jobs = {job.study_name: job for job in store.jobs()}
-    summaries = []
-    for row in store.studies():
-        records = _records(store, row.study_name)
-        stored = store.best(row.study_name)
-        job = jobs.pop(row.study_name, None)
-        summaries.append(
-            StudySummary(
-                row.study_name,
-                row.script,
-                row.budget_bytes,
-                sum(r.counted for r in records),
-                stored.verified_samples_per_sec if stored else None,
-                job.state if job is not None else ("done" if stored else "open"),
-            )
-        )
-    for job in jobs.values():
-        summaries.append(StudySummary(job.study_name, job.script, 0, 0, None, job.state, job.spec["budget"]))
-    return summaries
-
-
-def show(store: Store, name: str) -> tuple[StudyRow, list[TrialRecord], list[PlanCheck]]:
-    """A study's trials, and the honesty check of the probe's predictions against them."""
-    row = store.study(name)
-    if row is None:
-        raise InputError(f"no study named {name!r} in {store.display_url}")
-    records = _records(store, name)
-    discovery = (store.workload(row.fingerprint) or {}).get("discovery") or {}
-    return row, records, plan_checks(discovery.get("probe"), records, row.space["plans"])
-
-
-def plan_checks(
-    probe_data: dict[str, Any] | None, records: list[TrialRecord], plans: list[str]
-) -> list[PlanCheck]:
-    if not probe_data:
-        return []
-    from autotune.search.loop import model_of
-
-    model = model_of(records)
-    checks = []
-    for plan in plans:
-        if plan == "none":
-            continue
-        predicted = saving_per_sample(probe_data, plan)
-        measured = model.measured_saving(plan)
-        flagged = measured is not None and abs(predicted - measured) > FLAG_TOLERANCE * max(
-            abs(measured), 2**20
-        )
-        checks.append(PlanCheck(plan, predicted, measured, flagged))
-    return checks
-
-
-def _records(store: Store, name: str) -> list[TrialRecord]:
-    import optuna
-
-    from autotune.search.loop import records_of
-
-    try:
-        return records_of(optuna.load_study(study_name=name, storage=store.optuna))
-    except KeyError:
-        return []

@@ -1,0 +1,226 @@
+"""The library API: each ``autotune`` command is one call here, and a notebook can make the same calls.
+
+    import autotune
+    result = autotune.tune(autotune.tune_spec(["train.py"], "40GB", trials=8))
+    answer = autotune.best(["train.py"], budget="40GB")
+    report = autotune.probe(["train.py"], batch_size=8)
+    trial = autotune.measure(autotune.measure_spec(["train.py"], 32, plan="all", budget="40GB"))
+
+Commands that answer from the database (best, studies, show) import neither torch nor Optuna to find a
+verified winner; the rest import what their trials need, in the tuner, never torch itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.core.plans import Backend
+
+# Each function imports what it runs: `autotune best` must not pay for Optuna, numpy or the trial machinery.
+if TYPE_CHECKING:
+    from autotune.hardware.doctor import Check
+    from autotune.results.best import BestAnswer
+    from autotune.results.listing import StudyReport, StudySummary
+    from autotune.search.reporting import Reporter
+    from autotune.search.spec import TuneResult, TuneSpec
+    from autotune.storage import JobRow
+    from autotune.trials.measurement import MeasureSpec
+    from autotune.trials.result import TrialResult
+    from autotune.workers.worker import WorkerSummary
+
+
+def tune(
+    spec: TuneSpec, *, environ: Mapping[str, str] | None = None, reporter: Reporter | None = None
+) -> TuneResult:
+    """Find, verify and store the fastest configuration whose measured peak fits ``spec.budget``.
+
+    Args:
+        spec: the job (build it with :func:`autotune.tune_spec`).
+        environ: the environment trials inherit (default: this process's).
+        reporter: told of each trial as it starts and ends (default: nothing is reported).
+
+    Returns:
+        The verified winner, every trial of the study, and whether it was answered with zero trials.
+
+    Raises:
+        InputError, DeviceError: bad spec or device. StorageError: the database.
+        ScriptError: the script failed in its trials. NoFitError: nothing fits (every trial is kept).
+    """
+    from autotune.workers.tune import tune as run_job
+
+    return run_job(spec, environ, reporter)
+
+
+def measure(spec: MeasureSpec, *, environ: Mapping[str, str] | None = None) -> TrialResult:
+    """Run one measured trial: peak memory, samples/s, step times (and whether it fits ``spec.budget``).
+
+    Args:
+        spec: the trial (build it with :func:`autotune.measure_spec`).
+        environ: the environment the trial inherits (default: this process's).
+
+    Returns:
+        What the trial measured; ``fits_budget`` says whether it fits the spec's budget, if it has one.
+
+    Raises:
+        InputError, DeviceError: bad spec, device or budget (before the trial runs).
+        TrialError: the trial could not be started.
+    """
+    from autotune.trials.measurement import measure as run_trial
+
+    return run_trial(spec, environ)
+
+
+def probe(
+    command: Sequence[str],
+    *,
+    batch_size: int = 4,
+    device: str = "auto",
+    timeout: float | None = None,
+    backend: str | Backend = Backend.TORCH,
+    cache_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TrialResult:
+    """One instrumented trial: the model's recompute candidates and what each would save.
+
+    Args:
+        command: SCRIPT [ARGS...] or a command template with ``{batch_size}``.
+        batch_size: the probed batch size; ``timeout``: seconds the trial may run (default: a trial's).
+
+    Returns:
+        The trial's result; its ``probe`` is the report (autotune.backends.probe.rows tabulates it), None
+        if the script trained no torch module.
+
+    Raises:
+        InputError, DeviceError: bad command or device. TrialError: the trial could not be started.
+    """
+    from autotune.trials.measurement import measure, measure_spec
+    from autotune.trials.result import TrialSettings
+
+    spec = measure_spec(
+        command,
+        batch_size,
+        backend=backend,
+        settings=TrialSettings(1, 3, timeout or TrialSettings.timeout, timeout or TrialSettings.timeout),
+        device=device,
+        cache_dir=cache_dir,
+    )
+    return measure(spec, environ, probe=True)
+
+
+def best(
+    command: Sequence[str] | None = None,
+    *,
+    budget: str | None = None,
+    study: str | None = None,
+    device: str = "auto",
+    backend: str | Backend = Backend.TORCH,
+    storage: str | None = None,
+    cache_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BestAnswer:
+    """The best stored plan, from the database alone (no trial runs): of ``study``, of ``command`` on
+    ``device`` (at ``budget``), or the most recent.
+
+    Returns:
+        The answer; ``verified`` is False for a budget with no verified winner (the fastest measured
+        trial of the same workload that fits), and ``env()`` gives the variables to train with it.
+
+    Raises:
+        InputError: no such study or workload, or a bad budget. NoFitError: nothing stored fits.
+        StorageError: the database.
+    """
+    from autotune.core.budget import parse_budget
+    from autotune.results import best as answers
+    from autotune.trials.command import TrialCommand
+
+    parsed = parse_budget(budget) if budget is not None else None
+    store = answers.open_default(storage, cache_dir)  # imports Optuna only if it must read trials
+    return answers.best(
+        store,
+        TrialCommand.parse(command) if command else None,
+        parsed,
+        study,
+        device,
+        os.environ if environ is None else environ,
+        Backend.parse(backend),
+        cache_dir,
+    )
+
+
+def studies(*, storage: str | None = None, cache_dir: Path | None = None) -> list[StudySummary]:
+    """Every stored study, and every submitted job no worker has started yet.
+
+    Raises:
+        StorageError: the database.
+    """
+    from autotune.results.best import open_default
+    from autotune.results.listing import studies as list_studies
+
+    return list_studies(open_default(storage, cache_dir))
+
+
+def show(study: str, *, storage: str | None = None, cache_dir: Path | None = None) -> StudyReport:
+    """A study's trials, with each plan's saving as the probe predicted it and as its trials measured it.
+
+    Raises:
+        InputError: no study of that name. StorageError: the database.
+    """
+    from autotune.results.best import open_default
+    from autotune.results.listing import show as show_study
+
+    return show_study(open_default(storage, cache_dir), study)
+
+
+def submit(spec: TuneSpec) -> JobRow:
+    """Record ``spec`` as a job for workers and return at once (the same job again returns the stored one).
+
+    Raises:
+        InputError: another job of that name exists. StorageError: the database.
+    """
+    from autotune.workers.submit import submit as submit_job
+
+    return submit_job(spec)
+
+
+def work(
+    *,
+    storage: str | None = None,
+    devices: str = "auto",
+    once: bool = False,
+    studies: Sequence[str] = (),
+    cache_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> WorkerSummary:
+    """Run the trials of the database's open jobs on ``devices`` until stopped (SIGTERM/SIGINT in the main
+    thread), or with ``once`` until no open job is left that this worker can run.
+
+    Args:
+        devices: ``auto`` (every GPU, else the CPU), ``cpu``, or GPU indices ``0,1``.
+        studies: only these jobs. ``say``: receives the worker's lines (default: none).
+
+    Returns:
+        The trials measured and the jobs done, failed and refused here.
+
+    Raises:
+        InputError: bad devices. StorageError: the database.
+    """
+    from autotune.core.paths import cache_dir as default_cache_dir
+    from autotune.core.paths import default_storage_url
+    from autotune.workers.worker import Worker, parse_devices
+
+    env = dict(os.environ if environ is None else environ)
+    url = storage or default_storage_url(default_cache_dir(cache_dir))
+    options: dict[str, Any] = {"say": say} if say is not None else {}
+    worker = Worker(url, parse_devices(devices, env), cache_dir, env, once, tuple(studies) or None, **options)
+    return worker.run()
+
+
+def doctor() -> list[Check]:
+    """What works on this machine (torch, NVML, storage drivers, backends), each with what to do if not."""
+    from autotune.hardware.doctor import checks
+
+    return checks()

@@ -1,0 +1,142 @@
+"""What a probe trial reports about a model, as typed values: written as JSON by the trial, stored with the
+workload, read by the tuner without torch.
+
+- :class:`TorchProbeReport`: the repeated module classes (:class:`ModuleCandidate`), each of their
+  instances' saved activations by operator kind (:class:`InstanceStats`), and the fixed memory (weights,
+  gradients, optimizer state), all at the probed batch size (autotune.backends.torch_probe).
+- :class:`OrtProbeReport`: ORTModule's own recompute plans with their predicted savings
+  (autotune.backends.ort).
+
+``to_json``/``from_json`` are the one serialisation; the JSON form is what earlier versions stored, so
+databases written before these types existed still read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.core.plans import Backend
+
+
+@dataclass(frozen=True)
+class ModuleCandidate:
+    """A composite module class with at least two instances; outermost: not nested in another candidate."""
+
+    cls: str
+    count: int
+    outermost: bool
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModuleCandidate:
+        return cls(str(data["cls"]), int(data["count"]), bool(data["outermost"]))
+
+
+@dataclass(frozen=True)
+class InstanceStats:
+    """One instance of a candidate class, as the probe's forward saw it (bytes at the probed batch size)."""
+
+    name: str  # qualified module name, e.g. "blocks.0"
+    cls: str
+    saved_bytes: int  # what autograd keeps for backward while this instance is on the module stack
+    input_bytes: int
+    forward_seconds: float
+    saved_by_kind: dict[str, int] = field(default_factory=dict)  # saved bytes by producing op kind
+    output_bytes: dict[str, int] = field(default_factory=dict)  # op output bytes by kind
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InstanceStats:
+        return cls(
+            str(data["name"]),
+            str(data["cls"]),
+            int(data["saved_bytes"]),
+            int(data["input_bytes"]),
+            float(data["forward_seconds"]),
+            {k: int(v) for k, v in data.get("saved_by_kind", {}).items()},
+            {k: int(v) for k, v in data.get("output_bytes", {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class TorchProbeReport:
+    """The torch probe: the model's candidates and what each instance keeps for backward."""
+
+    batch_size: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int | None  # None: the script used no torch.optim optimizer
+    activation_bytes: int
+    forward_seconds: float
+    op_seconds: dict[str, float]  # forward time by op kind
+    candidates: tuple[ModuleCandidate, ...]
+    instances: tuple[InstanceStats, ...]
+
+    backend = Backend.TORCH
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TorchProbeReport:
+        return cls(
+            batch_size=int(data["batch_size"]),
+            weights_bytes=int(data["weights_bytes"]),
+            gradients_bytes=int(data["gradients_bytes"]),
+            optimizer_state_bytes=_int_or_none(data["optimizer_state_bytes"]),
+            activation_bytes=int(data["activation_bytes"]),
+            forward_seconds=float(data["forward_seconds"]),
+            op_seconds={k: float(v) for k, v in data["op_seconds"].items()},
+            candidates=tuple(ModuleCandidate.from_json(c) for c in data["candidates"]),
+            instances=tuple(InstanceStats.from_json(i) for i in data["instances"]),
+        )
+
+
+@dataclass(frozen=True)
+class OrtPlanSaving:
+    """One of ORTModule's recompute plans, as its memory optimizer lists it."""
+
+    plan: str  # e.g. "BiasGelu+:1:-1"
+    freq: int
+    saving_bytes: int  # predicted, at the probed batch size
+    symbolic: str  # ORT's symbolic form of the saving
+
+
+@dataclass(frozen=True)
+class OrtProbeReport:
+    """The ORT probe: ORTModule's analysis of the model's first forward."""
+
+    batch_size: int
+    plans: tuple[OrtPlanSaving, ...]
+    weights_bytes: int | None = None
+
+    backend = Backend.ORT
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "backend": Backend.ORT.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OrtProbeReport:
+        return cls(
+            batch_size=int(data["batch_size"]),
+            plans=tuple(
+                OrtPlanSaving(str(p["plan"]), int(p["freq"]), int(p["saving_bytes"]), str(p["symbolic"]))
+                for p in data["plans"]
+            ),
+            weights_bytes=_int_or_none(data.get("weights_bytes")),
+        )
+
+
+ProbeReport = TorchProbeReport | OrtProbeReport
+
+
+def probe_report_from_json(data: dict[str, Any] | None) -> ProbeReport | None:
+    """The report a probe trial wrote (None for a trial that probed nothing)."""
+    if not data:
+        return None
+    if data.get("backend") == Backend.ORT.value:
+        return OrtProbeReport.from_json(data)
+    return TorchProbeReport.from_json(data)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None

@@ -1,0 +1,72 @@
+"""Commands that answer from the database, with no trial and no torch: ``best``, ``studies``, ``show``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from autotune import api
+from autotune.cli.main import cli, quiet_optuna
+from autotune.cli.options import AS_JSON, BACKEND, COMMAND, cache_dir_option, storage_option
+
+DEFAULT_DB = cache_dir_option("Where the default database lives.")
+
+
+@cli.command()
+@COMMAND
+@click.option("--budget", help="The budget the plan was tuned for (default: the most recent).")
+@click.option("--study", help="Answer from this study.")
+@click.option("--device", default="auto", show_default=True, help="The device the plan was tuned on.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (batch_size, plan, peak_bytes, samples_per_sec, ...)."
+)
+@click.option(
+    "--env", "as_env", is_flag=True, help="Print shell exports to train with the plan outside autotune."
+)
+@BACKEND
+@storage_option()
+@DEFAULT_DB
+def best(command: tuple[str, ...], budget: str | None, study: str | None, device: str, backend: str,
+         as_json: bool, as_env: bool, storage: str | None, cache_dir: Path | None) -> None:  # fmt: skip
+    """The best stored plan, from the database alone (no trial is run).
+
+    With a SCRIPT, the plan tuned for it on this device; with --study, that study's; with neither, the
+    most recent. A budget with no verified winner is answered from the measured trials that fit, and says so.
+    """
+    from autotune.cli import render
+    from autotune.cli.console import console
+
+    answer = api.best(
+        command or None, budget=budget, study=study, device=device, backend=backend, storage=storage,
+        cache_dir=cache_dir, environ=os.environ,
+    )  # fmt: skip
+    render.best(console(), answer, as_json, as_env)
+
+
+@cli.command()
+@storage_option()
+@DEFAULT_DB
+def studies(storage: str | None, cache_dir: Path | None) -> None:
+    """List the stored studies: script, budget, trials, best samples/s, state."""
+    from autotune.cli import render
+    from autotune.cli.console import console
+
+    quiet_optuna()
+    render.studies(console(), api.studies(storage=storage, cache_dir=cache_dir))
+
+
+@cli.command()
+@click.argument("study")
+@AS_JSON
+@storage_option()
+@DEFAULT_DB
+def show(study: str, as_json: bool, storage: str | None, cache_dir: Path | None) -> None:
+    """List the trials of STUDY, with the memory model's predictions beside the measured peaks, and each
+    plan's saving as the probe predicted it beside the saving its trials measured."""
+    from autotune.cli import render
+    from autotune.cli.console import console
+
+    quiet_optuna()
+    render.show(console(), api.show(study, storage=storage, cache_dir=cache_dir), as_json)

@@ -1,0 +1,46 @@
+"""The ``autotune`` command group: the one place that turns errors into exit codes and ``Error: <one
+line>`` (``--debug`` shows the traceback). Commands that run no trial never import torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from autotune.core.errors import AutotuneError
+
+EXIT_INTERRUPTED = 130
+
+
+class _Group(click.Group):
+    """Maps AutotuneError to one line on stderr and its exit code; Ctrl-C to exit code 130."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AutotuneError as e:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted: the running trial was stopped.", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
+def cli(debug: bool) -> None:
+    """autotune: the fastest batch size and recompute plan that fit a memory budget, measured."""
+
+
+def quiet_optuna() -> None:
+    """autotune reports its own trials; Optuna's INFO lines (re-armed when it is imported) would repeat them."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def exit_with(ok: bool) -> None:
+    """Exit 0 when ``ok``, else 1 (a trial that did not complete, or does not fit)."""
+    click.get_current_context().exit(0 if ok else 1)

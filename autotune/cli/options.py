@@ -1,0 +1,97 @@
+"""Options shared by several commands. Their defaults are the library's own (TrialSettings, TuneSpec,
+DEFAULT_HEADROOM): each default is written once, where the value is used."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from autotune.core.budget import DEFAULT_HEADROOM
+from autotune.search.space import DEFAULT_TRIALS
+from autotune.trials.result import TrialSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _apply(command: F, options: list[Callable[[F], F]]) -> F:
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def cache_dir_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--cache-dir", envvar="AUTOTUNE_CACHE_DIR", type=click.Path(path_type=Path), help=help_text
+    )
+
+
+def storage_option(
+    help_text: str = "SQLAlchemy URL of the database (default: SQLite in the cache dir).",
+) -> Callable[[F], F]:
+    return click.option("--storage", envvar="AUTOTUNE_STORAGE", help=help_text)
+
+
+BACKEND = click.option(
+    "--backend",
+    type=click.Choice(["torch", "ort"]),
+    default="torch",
+    show_default=True,
+    help="Recompute backend: torch (checkpointing), or ort (ONNX Runtime's ORTModule memory optimizer; "
+    "pip install 'autotune[ort]').",
+)
+COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
+AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+def trial_options(command: F) -> F:
+    """Options every command that runs trials takes."""
+    return _apply(
+        command,
+        [
+            click.option("--steps", type=click.IntRange(min=1), default=TrialSettings.measured_steps, show_default=True,
+                         help="Measured steps per trial."),
+            click.option("--warmup-steps", type=click.IntRange(min=1), default=TrialSettings.warmup_steps, show_default=True,
+                         help="Warm-up steps per trial (not timed)."),
+            click.option("--device", default="auto", show_default=True,
+                         help="auto (run: every visible GPU, one trial at a time each; else the CPU), cpu, cuda or cuda:N."),
+            click.option("--timeout", type=float, default=TrialSettings.timeout, show_default=True, help="Seconds one trial may run."),
+            click.option("--startup-timeout", type=float, default=TrialSettings.startup_timeout, show_default=True,
+                         help="Seconds until a trial's first step."),
+            cache_dir_option("Database and trial logs (default: the user cache dir)."),
+        ],
+    )  # fmt: skip
+
+
+def search_options(command: F) -> F:
+    """Options of the commands that define a tuning job (``run`` and ``submit``)."""
+    command = _apply(
+        command,
+        [
+            click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True),
+            click.option("--budget", required=True, help="Memory budget: 40GB, 40GiB, 0.5TiB, 90% of the device, ..."),
+            click.option("--trials", type=click.IntRange(min=1), default=DEFAULT_TRIALS, show_default=True,
+                         help="Trials the study should hold (counted over resumed runs and all workers)."),
+            click.option("--batch-sizes", help="A range (8-512: powers of two and midpoints within) or a list "
+                         "(8,16,24). Default: 1 up, pruned by the memory model."),
+            click.option("--plans", multiple=True, help="Plans to search, ';'-separated or repeated (default: from the model)."),
+            click.option("--headroom", default=f"{DEFAULT_HEADROOM:.0%}", show_default=True,
+                         help="Margin the winner's verified peak keeps under the budget."),
+            click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
+            click.option("--study", help="Study name (default: derived from the script and the search)."),
+            click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
+            BACKEND,
+            storage_option(),
+            AS_JSON,
+        ],
+    )  # fmt: skip
+    return trial_options(command)
+
+
+def settings_of(options: dict[str, Any]) -> TrialSettings:
+    """The TrialSettings that ``trial_options`` describe."""
+    return TrialSettings(
+        options["warmup_steps"], options["steps"], options["startup_timeout"], options["timeout"]
+    )

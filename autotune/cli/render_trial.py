@@ -1,0 +1,166 @@
+"""What ``measure``, ``probe`` and ``doctor`` print."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from autotune.backends import probe
+from autotune.backends.probe_report import OrtProbeReport, ProbeReport, TorchProbeReport
+from autotune.cli.console import as_json, key_values, signed_bytes
+from autotune.core.budget import format_bytes
+from autotune.core.protocol import Outcome
+from autotune.hardware.doctor import Check
+from autotune.trials.result import TrialResult
+
+
+def measured(result: TrialResult) -> str:
+    """``autotune measure``'s human output."""
+    rows = [
+        ("outcome", result.outcome.value),
+        ("device", f"{result.device} ({result.device_name})"),
+        ("batch size", str(result.batch_size)),
+        ("plan", result.plan),
+        ("peak memory", f"{format_bytes(result.peak_bytes)} ({result.memory_method})"),
+    ]
+    if result.samples_per_sec is not None:
+        times = sorted(result.step_seconds)
+        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s"))
+        rows.append(
+            (
+                "step time",
+                f"median {_ms(times[len(times) // 2])}, min {_ms(times[0])}, max {_ms(times[-1])} "
+                f"over {len(times)} steps",
+            )
+        )
+    if result.torch_peak_reserved is not None:
+        rows.append(
+            (
+                "torch peak",
+                f"{format_bytes(result.torch_peak_allocated or 0)} allocated, "
+                f"{format_bytes(result.torch_peak_reserved)} reserved",
+            )
+        )
+    if result.budget_bytes is not None:
+        rows.append(
+            ("budget", f"{format_bytes(result.budget_bytes)}: {_verdict(result, result.budget_bytes)}")
+        )
+    if result.memory_note:
+        rows.append(("note", result.memory_note))
+    rows.append(("logs", result.log_dir))
+    text = key_values(rows)
+    return f"{text}\n\n{result.error}" if result.error else text
+
+
+def _verdict(result: TrialResult, budget_bytes: int) -> str:
+    if result.outcome is not Outcome.COMPLETE:
+        return f"unknown: the trial did not complete ({result.outcome.value})"
+    margin = budget_bytes - result.peak_bytes
+    verdict = "fits" if result.fits(budget_bytes) else "does not fit"
+    return f"{verdict} ({format_bytes(abs(margin))} {'to spare' if margin >= 0 else 'over'})"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def probed(out: Console, result: TrialResult, as_json_flag: bool) -> None:
+    """``autotune probe``: fixed memory, activations per sample, and the candidate table."""
+    data = result.probe
+    if result.outcome is not Outcome.COMPLETE:
+        out.print(f"probe trial {result.outcome.value}: {result.error}\nlogs: {result.log_dir}", markup=False)
+        return
+    if data is None:
+        out.print("nothing to probe: the script never ran the forward of a torch module", markup=False)
+        return
+    table_rows = probe.rows(data)
+    if as_json_flag:
+        out.print(
+            as_json(
+                {
+                    "outcome": result.outcome.value,
+                    "batch_size": data.batch_size,
+                    "peak_bytes": result.peak_bytes,
+                    **probe.summary(data),
+                    "candidates": [row.__dict__ for row in table_rows],
+                }
+            ),
+            markup=False,
+        )
+        return
+    if isinstance(data, OrtProbeReport):
+        out.print(
+            f"ONNX Runtime: {len(table_rows)} recompute plan(s) from ORTModule's memory optimizer "
+            f"(savings at batch {data.batch_size}); peak {format_bytes(result.peak_bytes)} "
+            f"({result.memory_method}, probe trial)",
+            markup=False,
+        )
+    else:
+        _torch_probe_header(out, data, result)
+    if not table_rows:
+        out.print("no repeated modules found: only the plan none applies to this model", markup=False)
+        return
+    _probe_table(out, data, table_rows)
+
+
+def _torch_probe_header(out: Console, data: TorchProbeReport, result: TrialResult) -> None:
+    state = data.optimizer_state_bytes
+    out.print(
+        key_values(
+            [
+                (
+                    "fixed",
+                    f"weights {format_bytes(data.weights_bytes)}, gradients {format_bytes(data.gradients_bytes)}, "
+                    f"optimizer state {format_bytes(state) if state is not None else 'unknown (no torch.optim)'}",
+                ),
+                (
+                    "activations",
+                    f"{format_bytes(data.activation_bytes / data.batch_size)} per sample kept for backward "
+                    f"({format_bytes(data.activation_bytes)} at batch {data.batch_size})",
+                ),
+                ("peak", f"{format_bytes(result.peak_bytes)} ({result.memory_method}, instrumented trial)"),
+            ]
+        ),
+        markup=False,
+    )
+
+
+def _probe_table(out: Console, data: ProbeReport, table_rows: list[probe.ProbeRow]) -> None:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in (
+        "level",
+        "plan",
+        "freq",
+        f"saved @{data.batch_size}",
+        "per sample",
+        "recomputes",
+        "note",
+    ):
+        table.add_column(
+            column,
+            justify="right"
+            if column in ("freq", "per sample", "recomputes") or column.startswith("saved")
+            else "left",
+        )
+    for row in table_rows:
+        table.add_row(
+            row.level,
+            row.plan,
+            str(row.frequency),
+            signed_bytes(row.saving_bytes),
+            signed_bytes(row.saving_per_sample),
+            f"{row.forward_share:.0%} of fwd" if row.forward_share is not None else "-",
+            row.detail,
+        )
+    out.print(table)
+
+
+def doctor(out: Console, checks: list[Check], as_json_flag: bool) -> None:
+    if as_json_flag:
+        out.print(as_json([c.to_dict() for c in checks]), markup=False)
+        return
+    for c in checks:
+        out.print(f"{'ok ' if c.ok else 'no '} {c.name}: {c.detail}", markup=False)
+        if c.hint:
+            out.print(f"     -> {c.hint}", markup=False)

@@ -1,0 +1,102 @@
+"""Commands that tune: ``run`` (here), ``submit`` (for workers) and ``worker``."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune import api
+from autotune.cli.main import cli, quiet_optuna
+from autotune.cli.options import cache_dir_option, search_options, settings_of, storage_option
+
+
+def _tune_spec(options: dict[str, Any]) -> Any:
+    """The TuneSpec the options of ``run`` and ``submit`` describe (validated before any trial)."""
+    from autotune.search.spec import tune_spec
+
+    return tune_spec(
+        options["command"],
+        options["budget"],
+        batch_sizes=options["batch_sizes"],
+        plans=options["plans"],
+        headroom=options["headroom"],
+        backend=options["backend"],
+        trials=options["trials"],
+        settings=settings_of(options),
+        seed=options["seed"],
+        device=options["device"],
+        cache_dir=options["cache_dir"],
+        storage=options["storage"],
+        study=options["study"],
+        force=options["force"],
+    )
+
+
+@cli.command()
+@search_options
+def run(**options: Any) -> None:
+    """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
+
+    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size}. The same command again answers from the
+    database with zero trials; an interrupted run resumes; workers (autotune worker) sharing the database
+    help with it.
+    """
+    from autotune.cli import render
+    from autotune.cli.console import ConsoleReporter, console
+
+    spec = _tune_spec(options)
+    quiet_optuna()
+    result = api.tune(spec, environ=os.environ, reporter=ConsoleReporter(console(stderr=True)))
+    render.tuned(console(), result, options["command"], options["budget"], options["as_json"])
+
+
+@cli.command()
+@search_options
+def submit(**options: Any) -> None:
+    """Record a tuning job for workers (autotune worker) and return at once; prints the job's study name.
+
+    Takes the options of run. Workers sharing --storage take it; autotune best --study NAME answers once
+    it is done. --device is ignored: each worker measures on its own devices.
+    """
+    quiet_optuna()
+    job = api.submit(_tune_spec(options))
+    if options["as_json"]:
+        click.echo(json.dumps({"study": job.study_name, "state": job.state.value, "script": job.script}))
+    else:
+        click.echo(f"job {job.study_name}: {job.state}")
+
+
+@cli.command()
+@storage_option(
+    "SQLAlchemy URL of the shared database (postgresql://... for several hosts; default: SQLite in the cache dir)."
+)
+@click.option(
+    "--devices",
+    default="auto",
+    show_default=True,
+    help="Devices to run trials on, one at a time each: auto (every GPU, else the CPU), cpu, or 0,1,...",
+)
+@click.option("--once", is_flag=True, help="Exit when no open job is left (for batch schedulers and tests).")
+@click.option("--study", "studies_", multiple=True, help="Only work on these jobs.")
+@cache_dir_option("Trial logs and the default database.")
+def worker(
+    storage: str | None, devices: str, once: bool, studies_: tuple[str, ...], cache_dir: Path | None
+) -> None:
+    """Run the trials of the database's open jobs until stopped (SIGTERM/SIGINT: running trials are
+    stopped and released, nothing is left running). Several workers, on any hosts, share the jobs."""
+    quiet_optuna()
+    summary = api.work(
+        storage=storage, devices=devices, once=once, studies=studies_, cache_dir=cache_dir,
+        environ=os.environ, say=partial(click.echo, err=True),
+    )  # fmt: skip
+    click.echo(
+        f"worker: {summary.trials} trial(s); jobs done: {', '.join(summary.jobs_done) or '-'}; "
+        f"failed: {', '.join(summary.jobs_failed) or '-'}; refused: {', '.join(summary.refused) or '-'}"
+        + ("; stopped" if summary.stopped else ""),
+        err=True,
+    )

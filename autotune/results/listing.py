@@ -1,0 +1,110 @@
+"""``autotune studies`` and ``autotune show``: what is stored, and how the probe's predictions compare
+with what the trials measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.backends.probe import saving_per_sample
+from autotune.backends.probe_report import ProbeReport, probe_report_from_json
+from autotune.core.budget import Limit
+from autotune.core.errors import InputError
+from autotune.results.records import study_records
+from autotune.search.records import TrialRecord
+from autotune.storage import JobState, Store, StudyRow
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    name: str
+    script: str
+    budget_bytes: int
+    trials: int  # counted trials
+    best_samples_per_sec: float | None
+    state: JobState  # the job's; a study without a job: done (winner stored) or open
+    budget_text: str = ""  # as submitted, for a job no worker has started yet (budget_bytes 0)
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """The probe's predicted saving of a plan beside the saving its measured trials show (bytes per sample)."""
+
+    plan: str
+    predicted: float
+    measured: float | None  # None until the plan (and none) have been measured
+    flagged: bool  # measured and more than FLAG_TOLERANCE away from the prediction
+
+
+FLAG_TOLERANCE = 0.25
+
+
+def studies(store: Store) -> list[StudySummary]:
+    """Every study, and every submitted job that no worker has started yet."""
+    jobs = {job.study_name: job for job in store.jobs()}
+    summaries = []
+    for row in store.studies():
+        records = study_records(store, row.study_name)
+        stored = store.best(row.study_name)
+        job = jobs.pop(row.study_name, None)
+        summaries.append(
+            StudySummary(
+                row.study_name,
+                row.script,
+                row.budget_bytes,
+                sum(r.counted for r in records),
+                stored.verified_samples_per_sec if stored else None,
+                job.state if job is not None else (JobState.DONE if stored else JobState.OPEN),
+            )
+        )
+    for job in jobs.values():
+        summaries.append(StudySummary(job.study_name, job.script, 0, 0, None, job.state, job.spec["budget"]))
+    return summaries
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """What ``autotune show`` prints: a study, its trials, and each plan's predicted vs measured saving."""
+
+    row: StudyRow
+    records: list[TrialRecord]
+    checks: list[PlanCheck]
+
+    @property
+    def limit_bytes(self) -> int:
+        return Limit(self.row.budget_bytes, self.row.headroom).bytes
+
+
+def show(store: Store, name: str) -> StudyReport:
+    """A study's trials, and the honesty check of the probe's predictions against them.
+
+    Raises:
+        InputError: no study of that name.
+    """
+    row = store.study(name)
+    if row is None:
+        raise InputError(f"no study named {name!r} in {store.display_url}")
+    records = study_records(store, name)
+    workload = store.workload(row.fingerprint)
+    discovery = workload.discovery if workload is not None and workload.discovery else {}
+    probe = probe_report_from_json(discovery.get("probe"))
+    return StudyReport(row, records, plan_checks(probe, records, row.space["plans"]))
+
+
+def plan_checks(probe: ProbeReport | None, records: list[TrialRecord], plans: list[str]) -> list[PlanCheck]:
+    """Each plan's saving per sample as the probe predicted it, beside what its trials measured."""
+    if probe is None:
+        return []
+    from autotune.search.propose import model_of  # numpy: only show needs the fitted model
+
+    model = model_of(records)
+    checks = []
+    for plan in plans:
+        if plan == "none":
+            continue
+        predicted = saving_per_sample(probe, plan)
+        measured = model.measured_saving(plan)
+        flagged = measured is not None and abs(predicted - measured) > FLAG_TOLERANCE * max(
+            abs(measured), 2**20
+        )
+        checks.append(PlanCheck(plan, predicted, measured, flagged))
+    return checks

@@ -1,0 +1,94 @@
+"""The trial's hooks into torch, installed before the user's script runs (by the harness, or by the
+injected sitecustomize for commands that are not ``python ...``): count optimizer steps, apply the plan at
+the first forward. torch itself is not imported here: the hooks go in when the script imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from autotune.core.plans import Backend
+from autotune.runtime.trial import current, prepare
+
+
+def install() -> None:
+    """Hook the running trial into torch: count optimizer steps, apply the plan at the first forward."""
+    trial = current()
+    if trial is None:
+        return
+    if trial.request.backend is Backend.ORT:
+        # Before the script runs: a script that imports ORTModule itself needs the compatibility fixes
+        # in place before onnxruntime's first import (autotune.backends.ort).
+        from autotune.backends.ort import load_ortmodule
+
+        load_ortmodule()
+    if "torch" in sys.modules:
+        _install_torch_hooks(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", _install_torch_hooks))
+
+
+def _install_torch_hooks(torch: Any) -> None:
+    trial = current()
+    assert trial is not None  # install() checked
+
+    def on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+        if trial.explicit_steps:
+            return
+        if trial.counted_optimizer is None:
+            trial.counted_optimizer = id(optimizer)
+            trial.optimizer = optimizer
+        if id(optimizer) == trial.counted_optimizer:
+            trial.step(None)
+
+    def on_first_forward(module: Any, args: object) -> None:
+        handle.remove()
+        if trial.plan_applied is not None:
+            return
+        if trial.request.backend is not Backend.ORT:
+            prepare(module)
+        elif type(module).__name__ == "ORTModule":
+            prepare(module)  # the script wrapped it itself: record the plan (and the probe)
+        else:  # a model ORT never sees would be measured as plain PyTorch
+            raise RuntimeError(
+                "--backend ort: the script's model runs without ORTModule; wrap it with "
+                "model = autotune.prepare(model) (or onnxruntime.training.ortmodule.ORTModule(model))"
+            )
+
+    optimizer_module = importlib.import_module("torch.optim.optimizer")
+    module_module = importlib.import_module("torch.nn.modules.module")
+    optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
+    handle = module_module.register_module_forward_pre_hook(on_first_forward)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after module ``name`` has been imported, without importing it."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_hook(module: ModuleType) -> None:
+            exec_module(module)
+            self.callback(module)
+
+        spec.loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        return spec

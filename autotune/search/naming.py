@@ -1,0 +1,54 @@
+"""What names a study: the study key (the workload plus what the search was asked: budget, headroom,
+search space, trial lengths) and the study-name rules. The same study key is answered from the database
+with zero trials."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import InputError
+from autotune.trials.workload import Workload, digest
+
+MAX_STUDY_NAME = 128
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def study_key(
+    workload: Workload, budget_bytes: int, headroom: float, space: dict[str, Any], steps: tuple[int, int]
+) -> str:
+    return digest(
+        {
+            "workload": workload.fingerprint,
+            "budget_bytes": budget_bytes,
+            "headroom": headroom,
+            "space": space,
+            "steps": list(steps),
+        }
+    )
+
+
+def default_study_name(workload: Workload, key: str) -> str:
+    """``<script stem>-<key[:12]>``: readable, and stable for identical jobs."""
+    stem = _UNSAFE.sub("-", Path(workload.script).stem).strip("-.")[:64] or "study"
+    return f"{stem}-{key[:12]}"
+
+
+def job_study_name(script: str, digest: str) -> str:
+    """The study name of a submitted job, before any worker has seen a device: ``<stem>-<digest[:12]>``."""
+    stem = Path(script).stem[:64] or "job"
+    return check_study_name(f"{stem}-{digest[:12]}")
+
+
+def check_study_name(name: str) -> str:
+    """Validate a user-given study name (it must work on SQLite and PostgreSQL alike).
+
+    Raises:
+        InputError: control characters, '/', '..', or more than 128 characters.
+    """
+    if not name or len(name) > MAX_STUDY_NAME:
+        raise InputError(f"study name must be 1 to {MAX_STUDY_NAME} characters, got {len(name)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name) or "/" in name or ".." in name:
+        raise InputError(f"invalid study name {name!r}: no control characters, '/' or '..'")
+    return name

@@ -1,0 +1,111 @@
+"""Optuna glue: a study's trials read as TrialRecords, asked with fixed parameters, told a measurement, or
+failed. Workers race on these writes; each function says how it settles the race."""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.trial import TrialState
+
+from autotune.core.protocol import Outcome
+from autotune.search.records import TrialRecord, constraint_mib
+from autotune.search.space import SearchSpace
+from autotune.trials.result import TrialResult
+
+# Fixing a trial's parameters for one ask is all autotune uses it for; the class is stable since optuna 2.4.
+warnings.filterwarnings("ignore", message="PartialFixedSampler is experimental", category=ExperimentalWarning)
+
+
+def records_of(study: optuna.Study) -> list[TrialRecord]:
+    return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+
+
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    """The search space as Optuna sees it: two categorical parameters."""
+    return {
+        "batch_size": CategoricalDistribution(space.batch_sizes),
+        "plan": CategoricalDistribution(space.plans),
+    }
+
+
+def ask_fixed(study: optuna.Study, space: dict[str, BaseDistribution], batch: int, plan: str) -> optuna.Trial:
+    """A new trial with these parameters: Optuna's PartialFixedSampler for this one ask, in this process
+    only (unlike ``enqueue_trial``, whose shared queue other workers also pop)."""
+    sampler = study.sampler
+    study.sampler = optuna.samplers.PartialFixedSampler({"batch_size": batch, "plan": plan}, sampler)
+    try:
+        return study.ask(space)
+    finally:
+        study.sampler = sampler
+
+
+def fail_trial(study: optuna.Study, number: int, note: str) -> bool:
+    """Fail a RUNNING trial with a note; False if it was found finished.
+
+    Workers race to fail a dead worker's trial (one fails the lease, another sees the trial orphaned by
+    it): whichever writes second finds it finished in the database, inside its own write, and leaves
+    it to the first. The check before the writes cannot settle it: the other may write in between."""
+    frozen = study.trials[number]
+    if frozen.state is not TrialState.RUNNING:
+        return False
+    try:
+        optuna.trial.Trial(study, frozen._trial_id).set_user_attr("note", note)
+        study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        return False
+    return True
+
+
+def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, limit: int) -> None:
+    """Store a measured trial: every attribute first, then the value and constraint (or FAIL).
+
+    The storage retries every write while the database is locked or unreachable (RetryingRDBStorage):
+    a finished measurement is never dropped for a transient error. If another worker failed the trial
+    meanwhile (it took this worker for dead), the measurement is added as a trial of its own."""
+    attrs = _measurement(result)
+    constraints: dict[str, float] = {}
+    value, state = None, TrialState.FAIL
+    if result.outcome in (Outcome.COMPLETE, Outcome.OOM):
+        constraints["memory"] = constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
+        value, state = result.samples_per_sec or 0.0, TrialState.COMPLETE
+    try:
+        for name, attr in attrs.items():
+            trial.set_user_attr(name, attr)
+        for name, constraint in constraints.items():
+            trial.set_constraint(name, constraint)
+        study.tell(trial, value, state=state, skip_if_finished=True)
+    except UpdateFinishedTrialError:  # failed as stale, or a retried tell whose first attempt committed
+        pass
+    stored = trial.storage.get_trial(trial._trial_id)
+    if stored.state is state or state is TrialState.FAIL:
+        return
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=stored.params,
+            distributions=stored.distributions,
+            value=value,
+            user_attrs={
+                **stored.user_attrs,
+                **attrs,
+                "note": f"late result of trial {stored.number}, failed as stale",
+            },
+            # the sampler's own attributes; the constraint is this measurement's, whether or not it was set
+            system_attrs={k: v for k, v in stored.system_attrs.items() if not k.startswith("constraints:")},
+            constraints=constraints,
+        )
+    )
+
+
+def _measurement(result: TrialResult) -> dict[str, object]:
+    """The user attributes a measured trial carries."""
+    return {
+        "outcome": result.outcome.value,
+        "peak_bytes": result.peak_bytes,
+        "memory_method": result.memory_method,
+        "samples_per_sec": result.samples_per_sec,
+        "log_dir": result.log_dir,
+        "error": result.error.strip().splitlines()[0][:500] if result.error else None,
+    }

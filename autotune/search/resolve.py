@@ -1,0 +1,121 @@
+"""A tuning job resolved against this machine and database, before any search: the device and the budget
+on it, the workload and its probe (run here if it is new), the search space, and the study that holds it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autotune.backends.probe import saving_per_sample
+from autotune.backends.probe_report import ProbeReport
+from autotune.core.budget import Limit
+from autotune.core.paths import cache_dir
+from autotune.hardware.devices import Device, resolve_device
+from autotune.hardware.meters import make_meter
+from autotune.hardware.nvml import nvml_loader
+from autotune.leases.watch import grace_seconds
+from autotune.search.loop import Search
+from autotune.search.naming import default_study_name, study_key
+from autotune.search.optuna_trials import records_of
+from autotune.search.probing import discover
+from autotune.search.reporting import Reporter
+from autotune.search.runner import TrialRunner
+from autotune.search.space import SearchSpace, build_space
+from autotune.search.spec import TuneResult, TuneSpec
+from autotune.storage import BestRow, Store, StudyRow, open_store
+from autotune.trials.workload import Workload, workload_of
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    spec: TuneSpec
+    device: Device
+    limit: Limit
+    store: Store
+    workload: Workload
+    space: SearchSpace
+    study_row: StudyRow
+    savings: dict[str, float]  # the probe's predicted saving per sample of each plan
+    runner: TrialRunner
+    probes_run: int  # trials the probe took in this process (0 or 1)
+
+    def search(self, study: optuna.Study, reporter: Reporter, worker: str) -> Search:
+        return Search(
+            study,
+            self.space,
+            self.limit.bytes,
+            self.runner,
+            self.spec.trials,
+            reporter,
+            self.store,
+            self.savings,
+            grace=grace_seconds(),
+            worker=worker,
+        )
+
+    def result(
+        self, best: BestRow, study: optuna.Study, new_trials: int, exhausted: bool, cached: bool = False
+    ) -> TuneResult:
+        return TuneResult(
+            study_name=self.study_row.study_name,
+            storage=self.store.display_url,
+            device_name=self.device.name,
+            budget_bytes=self.limit.budget_bytes,
+            limit_bytes=self.limit.bytes,
+            best=best,
+            records=tuple(records_of(study)),
+            cached=cached,
+            new_trials=new_trials,
+            exhausted=exhausted,
+        )
+
+
+def resolve(
+    spec: TuneSpec,
+    environ: Mapping[str, str],
+    reporter: Reporter,
+    nvml: Any,
+    worker: str,
+    stop: threading.Event | None = None,
+    store: Store | None = None,
+) -> ResolvedJob:
+    """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``.
+
+    ``store``: the database already open on ``spec.storage`` (a worker's, shared by all its jobs: one
+    engine and connection pool per process, not one per job); opened here if None.
+
+    Raises:
+        InputError, DeviceError: the device or the budget on it. StorageError: the database.
+        ScriptError: the probe's trial failed.
+    """
+    device = resolve_device(spec.device, environ, nvml_loader(nvml))
+    limit = spec.budget.limit(device.total_bytes, spec.headroom)
+    store = store or open_store(spec.storage_url)
+    workload = workload_of(spec.command, device, spec.backend)
+    store.add_workload(
+        workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
+    )
+    runner = TrialRunner(
+        spec.command, spec.backend, device, make_meter(device, nvml), spec.settings,
+        cache_dir(spec.cache_dir), environ, stop,
+    )  # fmt: skip
+    probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
+    space = build_space(spec.batch_sizes, spec.plans, probe)
+    steps = (spec.settings.warmup_steps, spec.settings.measured_steps)
+    key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps)
+    name = spec.study or default_study_name(workload, key)
+    row = StudyRow(name, workload.fingerprint, key, limit.budget_bytes, spec.headroom, space.as_dict())
+    return ResolvedJob(
+        spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run
+    )
+
+
+def _savings(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:
+    """The probe's predicted saving per sample of every plan in the space (none without a probe)."""
+    if probe is None:
+        return {}
+    return {plan: saving_per_sample(probe, plan) for plan in space.plans if plan != "none"}

@@ -1,0 +1,58 @@
+"""The trials of one job on one device: what a search and a verification call to measure a configuration."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.backends import parse_backend_plan
+from autotune.core.plans import Backend
+from autotune.hardware.devices import Device
+from autotune.hardware.meters import MemoryMeter
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import run_trial
+from autotune.trials.result import TrialResult, TrialSettings
+
+
+@dataclass(frozen=True)
+class TrialRunner:
+    """Runs ``command`` at a batch size and plan on ``device``, metered, files under ``root``. One meter
+    serves every trial of the runner (it is reset at each start)."""
+
+    command: TrialCommand
+    backend: Backend
+    device: Device
+    meter: MemoryMeter
+    settings: TrialSettings
+    root: Path
+    environ: Mapping[str, str]
+    stop: threading.Event | None = None  # a stopping worker: trials are stopped and raise StopRequested
+
+    def __call__(
+        self,
+        batch: int,
+        plan: str,
+        *,
+        poll: Callable[[int, float], None] | None = None,
+        settings: TrialSettings | None = None,
+        probe: bool = False,
+        interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> TrialResult:
+        return run_trial(
+            self.command,
+            batch,
+            parse_backend_plan(plan, self.backend),
+            self.device,
+            self.meter,
+            settings or self.settings,
+            self.root,
+            self.environ,
+            self.backend,
+            on_poll=poll,
+            probe=probe,
+            interruptible=interruptible,
+            stop=self.stop,
+        )

@@ -1,0 +1,159 @@
+"""A tuning job: what it asks (``TuneSpec``, with its one serialisation for the jobs table) and what it answers
+(``TuneResult``). ``tune_spec`` builds a spec from the strings a user types (the CLI's options, a
+notebook's arguments) and validates every one of them before any trial runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.core.budget import DEFAULT_HEADROOM, Budget, check_headroom, parse_budget, parse_headroom
+from autotune.core.errors import InputError
+from autotune.core.paths import cache_dir, default_storage_url
+from autotune.core.plans import Backend
+from autotune.search.naming import check_study_name
+from autotune.search.records import TrialRecord
+from autotune.search.space import DEFAULT_TRIALS, parse_batch_sizes, parse_plan_list
+from autotune.storage import BestRow
+from autotune.trials.command import TrialCommand
+from autotune.trials.result import TrialSettings
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """One tuning job. Build it with :func:`tune_spec` or directly; values are validated here."""
+
+    command: TrialCommand
+    budget: Budget
+    trials: int = DEFAULT_TRIALS
+    batch_sizes: tuple[int, ...] = field(default_factory=lambda: parse_batch_sizes(None))
+    plans: tuple[str, ...] | None = None  # None: derived from the model's repeated classes
+    settings: TrialSettings = field(default_factory=TrialSettings)
+    headroom: float = DEFAULT_HEADROOM
+    seed: int | None = 0
+    device: str = "auto"
+    cache_dir: Path | None = None
+    storage: str | None = None  # SQLAlchemy URL; None: SQLite in the cache dir
+    study: str | None = None
+    force: bool = False
+    backend: Backend = Backend.TORCH
+    # Devices that run trials of this job beside ``device``, in this process (workers.Worker threads).
+    # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
+    helpers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise InputError(f"--trials must be at least 1, got {self.trials}")
+        check_headroom(self.headroom)
+        if self.study is not None:
+            check_study_name(self.study)
+        object.__setattr__(self, "backend", Backend.parse(self.backend))  # "ort" given as a string
+
+    @property
+    def verify_settings(self) -> TrialSettings:
+        """A verification runs 3x the measured steps (at least 10)."""
+        return dataclasses.replace(self.settings, measured_steps=max(3 * self.settings.measured_steps, 10))
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or default_storage_url(cache_dir(self.cache_dir))
+
+    def to_json(self) -> dict[str, Any]:
+        """The job as the jobs table stores it: what a worker on another host needs (the script's path and
+        the working directory made absolute). The device, database and cache are the worker's own."""
+        words = list(self.command.words)
+        if not self.command.is_template:
+            words[0] = str(Path(words[0]).resolve())
+        return {
+            "command": words,
+            "is_template": self.command.is_template,
+            "cwd": self.command.cwd or os.getcwd(),
+            "budget": self.budget.text,
+            "trials": self.trials,
+            "batch_sizes": list(self.batch_sizes),
+            "plans": list(self.plans) if self.plans is not None else None,
+            "settings": asdict(self.settings),
+            "headroom": self.headroom,
+            "seed": self.seed,
+            "backend": self.backend.value,
+        }
+
+    @classmethod
+    def from_json(
+        cls, data: dict[str, Any], *, study: str, device: str, storage: str, cache: Path | None
+    ) -> TuneSpec:
+        """The spec a worker runs a stored job with, on its own ``device``, database and cache dir."""
+        command = TrialCommand(
+            tuple(data["command"]),
+            bool(data["is_template"]),
+            data["cwd"] if Path(data["cwd"]).is_dir() else None,
+        )
+        return cls(
+            command=command,
+            budget=parse_budget(data["budget"]),
+            trials=int(data["trials"]),
+            batch_sizes=tuple(data["batch_sizes"]),
+            plans=tuple(data["plans"]) if data["plans"] is not None else None,
+            settings=TrialSettings(**data["settings"]),
+            headroom=float(data["headroom"]),
+            seed=data["seed"],
+            device=device,
+            cache_dir=cache,
+            storage=storage,
+            study=study,
+            backend=Backend.parse(data["backend"]),
+        )
+
+
+def tune_spec(
+    command: Sequence[str],
+    budget: str | Budget,
+    *,
+    batch_sizes: str | None = None,
+    plans: Sequence[str] = (),
+    headroom: str | float = DEFAULT_HEADROOM,
+    backend: str | Backend = Backend.TORCH,
+    **options: Any,
+) -> TuneSpec:
+    """A TuneSpec from what a user types: ``tune_spec(["train.py"], "40GB", plans=["all"], trials=8)``.
+
+    Args:
+        command: SCRIPT [ARGS...] or a command template with ``{batch_size}``.
+        budget: ``40GB``, ``40GiB``, ``90%`` of the device, ... (or a parsed Budget).
+        batch_sizes: a range (``8-512``) or a list (``8,16,24``); None: the whole ladder.
+        plans: plan strings, each possibly ';'-separated; empty: derived from the model.
+        headroom: ``5%`` or ``0.05``.
+        options: the other TuneSpec fields as they are (trials, settings, seed, device, cache_dir,
+            storage, study, force, helpers).
+
+    Raises:
+        InputError: a bad command, budget, batch-size list, plan, headroom or option, in one line.
+    """
+    backend = Backend.parse(backend)
+    return TuneSpec(
+        command=TrialCommand.parse(command),
+        budget=budget if isinstance(budget, Budget) else parse_budget(budget),
+        batch_sizes=parse_batch_sizes(batch_sizes),
+        plans=parse_plan_list(plans, backend) if plans else None,
+        headroom=parse_headroom(headroom) if isinstance(headroom, str) else check_headroom(headroom),
+        backend=backend,
+        **options,
+    )
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study_name: str
+    storage: str  # the database, password hidden
+    device_name: str
+    budget_bytes: int
+    limit_bytes: int  # budget minus headroom: what the winner's verified peak must stay under
+    best: BestRow
+    records: tuple[TrialRecord, ...]
+    cached: bool  # answered from the database with zero trials
+    new_trials: int
+    exhausted: bool  # the search stopped early: nothing new was left to try

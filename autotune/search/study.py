@@ -1,0 +1,77 @@
+"""A job's Optuna study: created (or resumed) under the job's name, and a new one seeded with what is known
+of the workload, the trials measured for its other budgets (``warm-start``)."""
+
+from __future__ import annotations
+
+import optuna
+
+from autotune.core.errors import StorageError
+from autotune.core.protocol import Outcome
+from autotune.search.optuna_trials import distributions, records_of
+from autotune.search.records import TrialKind, TrialRecord, constraint_mib
+from autotune.search.space import SearchSpace
+from autotune.storage import Store, StudyRow
+
+SAMPLER_STARTUP_TRIALS = 5  # TPE's random start; the model's calibration and frontier come first anyway
+
+
+def open_study(store: Store, row: StudyRow, seed: int | None, limit: int) -> optuna.Study:
+    """The study named by ``row``: resumed if it exists for the same job, else created and warm-started.
+
+    Raises:
+        StorageError: a study of that name belongs to another job, or is not an autotune study.
+    """
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=SAMPLER_STARTUP_TRIALS)
+    existing = store.study(row.study_name)
+    if existing is not None and existing.study_key != row.study_key:
+        raise StorageError(
+            f"study {row.study_name!r} belongs to another job (different script, device, budget or "
+            "search space): choose another --study or drop --study"
+        )
+    study = optuna.create_study(
+        storage=store.optuna,
+        study_name=row.study_name,
+        direction="maximize",
+        sampler=sampler,
+        load_if_exists=True,
+    )
+    if study.direction != optuna.study.StudyDirection.MAXIMIZE:
+        raise StorageError(f"study {row.study_name!r} exists and minimizes: it is not an autotune study")
+    if existing is None:
+        store.add_study(row)
+        _warm_start(study, store, row, limit)
+    return study
+
+
+def _warm_start(study: optuna.Study, store: Store, row: StudyRow, limit: int) -> None:
+    """Seed a new study with this workload's trials measured for other budgets, inside its space."""
+    space = SearchSpace(tuple(row.space["batch_sizes"]), tuple(row.space["plans"]))
+    for other in store.studies(row.fingerprint):
+        if other.study_name == row.study_name:
+            continue
+        for record in records_of(optuna.load_study(study_name=other.study_name, storage=store.optuna)):
+            if (
+                record.measured
+                and record.kind in (TrialKind.MEASURED, TrialKind.VERIFICATION)
+                and record.batch_size in space.batch_sizes
+                and record.plan in space.plans
+            ):
+                study.add_trial(_warm_trial(record, other.study_name, space, limit))
+
+
+def _warm_trial(record: TrialRecord, origin: str, space: SearchSpace, limit: int) -> optuna.trial.FrozenTrial:
+    peak = record.peak_bytes or 0
+    return optuna.trial.create_trial(
+        params={"batch_size": record.batch_size, "plan": record.plan},
+        distributions=distributions(space),
+        value=record.samples_per_sec or 0.0,
+        user_attrs={
+            "outcome": record.outcome.value if record.outcome else None,
+            "peak_bytes": record.peak_bytes,
+            "samples_per_sec": record.samples_per_sec,
+            "log_dir": record.log_dir,
+            "note": f"from study {origin}",
+            "kind": TrialKind.WARM_START.value,
+        },
+        constraints={"memory": constraint_mib(peak, limit, record.outcome is Outcome.COMPLETE)},
+    )

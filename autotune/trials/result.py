@@ -1,0 +1,105 @@
+"""What a trial is asked to run for (``TrialSettings``) and what it measured (``TrialResult``), and how its
+outcome is decided: from its exit status and its report, never from its logs."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.backends.probe_report import ModuleCandidate, ProbeReport
+from autotune.core.budget import fits
+from autotune.core.errors import InputError
+from autotune.core.protocol import Outcome, TrialReport
+from autotune.trials.launcher import ProcessExit
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """How long a trial runs: steps and time limits. Shared by ``measure`` and the search; the CLI's
+    defaults are these."""
+
+    warmup_steps: int = 2
+    measured_steps: int = 5
+    startup_timeout: float = 300.0
+    timeout: float = 900.0
+    grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 1:
+            raise InputError(
+                f"warm-up steps must be at least 1 (the first step includes start-up), got {self.warmup_steps}"
+            )
+        if self.measured_steps < 1:
+            raise InputError(f"measured steps must be at least 1, got {self.measured_steps}")
+        for name in ("startup_timeout", "timeout", "grace"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured."""
+
+    outcome: Outcome
+    batch_size: int
+    plan: str
+    device: str
+    device_name: str
+    peak_bytes: int
+    memory_method: str
+    samples_per_sec: float | None
+    step_seconds: tuple[float, ...]
+    wall_seconds: float
+    log_dir: str
+    error: str | None = None
+    torch_peak_allocated: int | None = None
+    torch_peak_reserved: int | None = None
+    memory_note: str | None = None
+    candidates: tuple[ModuleCandidate, ...] | None = None  # the model's repeated module classes
+    probe: ProbeReport | None = None  # a probe trial's report
+    budget_bytes: int | None = None  # the budget it was measured against (measure --budget), if any
+
+    def fits(self, limit_bytes: int) -> bool:
+        """Completed, and its measured peak is within ``limit_bytes``."""
+        return fits(self.outcome, self.peak_bytes, limit_bytes)
+
+    @property
+    def fits_budget(self) -> bool | None:
+        """Whether it fits ``budget_bytes`` (None when measured against no budget)."""
+        return None if self.budget_bytes is None else self.fits(self.budget_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["step_seconds"] = list(self.step_seconds)
+        data["probe"] = self.probe.to_json() if self.probe is not None else None
+        data["fits"] = self.fits_budget
+        return data
+
+
+def classify(
+    exit_info: ProcessExit, report: TrialReport | None, settings: TrialSettings
+) -> tuple[Outcome, str | None]:
+    """The outcome of a trial from its exit status and its report (never from its logs)."""
+    if exit_info.timed_out == "startup":
+        return Outcome.TIMEOUT, f"no training step within {settings.startup_timeout:g}s"
+    if exit_info.timed_out == "run":
+        return Outcome.TIMEOUT, f"still running after {settings.timeout:g}s"
+    if report is not None:
+        return report.outcome, report.error
+    if exit_info.signal == signal.SIGKILL and not exit_info.stopped:
+        return (
+            Outcome.OOM,
+            "killed by SIGKILL without a report (most likely the kernel's out-of-memory killer)",
+        )
+    if exit_info.signal is not None:
+        return Outcome.FAILED, f"killed by {signal.Signals(exit_info.signal).name}"
+    return Outcome.FAILED, f"exited with code {exit_info.exit_code} before any training step was reported"
+
+
+def throughput(report: TrialReport | None) -> float | None:
+    """Median samples/s over the measured steps (warm-up excluded)."""
+    if report is None or not report.step_seconds:
+        return None
+    return statistics.median(n / s for n, s in zip(report.step_samples, report.step_seconds, strict=True))

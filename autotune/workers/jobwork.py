@@ -1,0 +1,71 @@
+"""One job as one device thread of a worker sees it: resolved on first use, then stepped (a probe, a
+trial, or a verification at a time) until it is done."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import StorageError
+from autotune.search.loop import Search, Step
+from autotune.search.reporting import Reporter
+from autotune.search.resolve import resolve
+from autotune.search.study import open_study
+from autotune.search.verify import verify_step
+from autotune.storage import JobRow, JobState, Store
+from autotune.workers.jobs import JobRefused, spec_of
+
+
+class JobWork:
+    def __init__(
+        self,
+        job: JobRow,
+        store: Store,
+        storage_url: str,
+        device: str,
+        cache: Path | None,
+        environ: dict[str, str],
+        reporter: Reporter,
+        worker: str,
+        stop: threading.Event,
+        nvml: Any = None,
+    ) -> None:
+        self.job, self.store, self.environ, self.nvml = job, store, environ, nvml
+        self.reporter, self.worker, self.stop = reporter, worker, stop
+        self.spec = spec_of(job, storage_url, cache, device)
+        self.search: Search | None = None
+        self.trials = 0  # trials this thread measured for the job (probe and verifications included)
+
+    def step(self) -> Step:
+        """One unit of work on this job: a probe, a trial, or a verification.
+
+        Raises:
+            JobRefused: this worker cannot run the job here. ScriptError, NoFitError: the job failed.
+        """
+        if self.search is None:
+            self.search = self._start()
+            if self.trials:  # the probe ran here
+                return Step.RAN
+        before = self.search.trials_run
+        step = self.search.step()
+        self.trials += self.search.trials_run - before
+        if step is not Step.FINISHED:
+            return step
+        step, best = verify_step(self.search, self.spec.verify_settings)
+        if step is Step.RAN:
+            self.trials += 1
+        return Step.FINISHED if best is not None else step
+
+    def _start(self) -> Search:
+        job = resolve(self.spec, self.environ, self.reporter, self.nvml, self.worker, self.stop, self.store)
+        self.trials += job.probes_run
+        try:
+            study = open_study(job.store, job.study_row, self.spec.seed, job.limit.bytes)
+        except StorageError as e:
+            raise JobRefused(
+                f"job {self.job.study_name}: this worker's device or software differs from the job's "
+                f"({job.device.name}): {e}"
+            ) from e
+        self.store.set_job_state(self.job.study_name, JobState.RUNNING, only_from=(JobState.OPEN,))
+        return job.search(study, self.reporter, self.worker)

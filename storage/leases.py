@@ -1,0 +1,200 @@
+"""Leases (``autotune_leases``): which worker evaluates which configuration of a study.
+
+A lease is inserted before its trial is asked for; its unique key (study, kind, batch size, plan, attempt)
+lets exactly one worker win a configuration on any database. See schema.py for the table.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+
+from autotune.core.errors import StorageError
+from autotune.storage import schema
+from autotune.storage.base import Tables, now
+from autotune.storage.rows import Lease, LeaseKind, LeaseState
+
+
+class LeaseTables(Tables):
+    def __init__(self, engine: sa.Engine, display_url: str) -> None:
+        super().__init__(engine, display_url)
+        # The lease key this thread last tried to insert, until the insert is answered: tells a retried
+        # insert (whose first try may have committed) from a first try. Per thread, because the device
+        # threads of one worker share its worker id: a sibling's lease is not ours.
+        self._inserting = threading.local()
+
+    def claim(
+        self, study: str, kind: LeaseKind, batch: int, plan: str, attempt: int, worker: str, device: str
+    ) -> Lease | None:
+        """Take the configuration for ``worker``: None if any worker has taken it before (unique key)."""
+        return self._insert_lease(study, kind, batch, plan, attempt, LeaseState.RUNNING, worker, device, None)
+
+    def take_slot(self, study: str, slots: int, worker: str) -> int | None:
+        """One of the study's ``slots`` trial slots (kind ``slot``, numbered from 0), or None when every
+        slot is taken: with several workers, ``--trials N`` means N, not N plus one per worker."""
+        for _ in range(slots):
+            taken = {x.batch_size for x in self.leases(study, kinds=(LeaseKind.SLOT,))}
+            free = next((i for i in range(slots) if i not in taken), None)
+            if free is None:
+                return None
+            slot = self._insert_lease(study, LeaseKind.SLOT, free, "", 0, LeaseState.DONE, worker, None, None)
+            if slot is not None:
+                return free
+        return None
+
+    def queue(self, study: str, kind: LeaseKind, batch: int, plan: str, attempt: int, note: str) -> bool:
+        """Queue a configuration for any worker to take; False if that attempt exists already."""
+        queued = self._insert_lease(study, kind, batch, plan, attempt, LeaseState.QUEUED, None, None, note)
+        return queued is not None
+
+    def _insert_lease(
+        self,
+        study: str,
+        kind: LeaseKind,
+        batch: int,
+        plan: str,
+        attempt: int,
+        state: LeaseState,
+        worker: str | None,
+        device: str | None,
+        note: str | None,
+    ) -> Lease | None:
+        kind = LeaseKind(kind)  # the value checked where it enters the table
+        lease = Lease(0, study, kind, batch, plan, attempt, state, worker, device, None, 0, note)
+        key = (study, kind, batch, plan, attempt, worker)
+        retried = getattr(self._inserting, "key", None) == key
+        self._inserting.key = key
+        try:
+            with self._connect(write=True) as conn:
+                values = {**_columns(lease), "updated_at": now()}
+                values.pop("id")
+                inserted = conn.execute(sa.insert(schema.leases).values(**values)).inserted_primary_key
+        except StorageError as e:
+            if not isinstance(e.__cause__, sa.exc.IntegrityError):
+                raise  # transient: the caller's retry comes back here with ``retried`` set
+            self._inserting.key = None
+            # Ours after all, if this thread's earlier try committed before its connection was lost.
+            mine = self.lease(study, kind, batch, plan, attempt) if retried else None
+            return mine if mine is not None and worker is not None and mine.worker == worker else None
+        self._inserting.key = None
+        if inserted is None:  # SQLAlchemy returns the key of every single-row insert on our dialects
+            raise StorageError(f"database {self.display_url}: the new lease's id was not returned")
+        return Lease(**{**lease.__dict__, "id": inserted[0]})
+
+    def take_queued(
+        self, study: str, worker: str, device: str, kinds: tuple[LeaseKind, ...] | None = None
+    ) -> Lease | None:
+        """Take the oldest queued lease of ``study``; None if there is none (or others took them first)."""
+        for lease in self.leases(study, (LeaseState.QUEUED,), kinds):
+            running = LeaseState.RUNNING
+            with self._connect(write=True) as conn:
+                taken = conn.execute(
+                    sa.update(schema.leases)
+                    .where(schema.leases.c.id == lease.id, schema.leases.c.state == LeaseState.QUEUED.value)
+                    .values(state=running.value, worker=worker, device=device, updated_at=now())
+                ).rowcount
+            if taken == 1:
+                return Lease(**{**lease.__dict__, "state": running, "worker": worker, "device": device})
+        return None
+
+    def leases(
+        self,
+        study: str,
+        states: tuple[LeaseState, ...] | None = None,
+        kinds: tuple[LeaseKind, ...] | None = None,
+    ) -> list[Lease]:
+        query = (
+            sa.select(schema.leases).where(schema.leases.c.study_name == study).order_by(schema.leases.c.id)
+        )
+        if states is not None:
+            query = query.where(schema.leases.c.state.in_([LeaseState(s).value for s in states]))
+        if kinds is not None:
+            query = query.where(schema.leases.c.kind.in_([LeaseKind(k).value for k in kinds]))
+        with self._connect() as conn:
+            rows = conn.execute(query).all()
+        return [_lease(dict(r._mapping)) for r in rows]
+
+    def lease(self, study: str, kind: LeaseKind, batch: int, plan: str, attempt: int) -> Lease | None:
+        return next(
+            (
+                x
+                for x in self.leases(study, kinds=(kind,))
+                if (x.batch_size, x.plan, x.attempt) == (batch, plan, attempt)
+            ),
+            None,
+        )
+
+    def forget_slot(self, study: str, slot: int) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute(
+                sa.delete(schema.leases).where(
+                    schema.leases.c.study_name == study,
+                    schema.leases.c.kind == LeaseKind.SLOT.value,
+                    schema.leases.c.batch_size == slot,
+                )
+            )
+
+    def forget_lease(self, lease_id: int) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute(sa.delete(schema.leases).where(schema.leases.c.id == lease_id))
+
+    def forget_leases(self, study: str) -> None:
+        with self._connect(write=True) as conn:
+            conn.execute(sa.delete(schema.leases).where(schema.leases.c.study_name == study))
+
+    def set_lease_trial(self, lease_id: int, number: int) -> None:
+        self._update_lease(lease_id, None, trial_number=number)
+
+    def end_lease(self, lease_id: int, state: LeaseState, note: str | None = None) -> bool:
+        """A running lease ends (``done`` or ``failed``); False if it was not running (failed as stale)."""
+        return self._update_lease(lease_id, LeaseState.RUNNING, state=LeaseState(state).value, note=note)
+
+    def release(self, lease_id: int, note: str) -> bool:
+        """Give a running lease back to the queue, same attempt (a worker stopping is not a fault)."""
+        queued = LeaseState.QUEUED.value
+        return self._update_lease(
+            lease_id, LeaseState.RUNNING, state=queued, worker=None, device=None, note=note
+        )
+
+    def fail_if_silent(self, lease_id: int, beats: int, note: str) -> bool:
+        """Fail a running lease whose beats are still ``beats``; False if it moved on or another worker
+        failed it first. Exactly one caller wins."""
+        with self._connect(write=True) as conn:
+            failed = conn.execute(
+                sa.update(schema.leases)
+                .where(
+                    schema.leases.c.id == lease_id,
+                    schema.leases.c.state == LeaseState.RUNNING.value,
+                    schema.leases.c.beats == beats,
+                )
+                .values(state=LeaseState.FAILED.value, note=note, updated_at=now())
+            )
+            return failed.rowcount == 1
+
+    def beat(self, worker: str) -> int:
+        """One heartbeat for every running lease of ``worker``; how many there were."""
+        with self._connect(write=True) as conn:
+            return conn.execute(
+                sa.update(schema.leases)
+                .where(schema.leases.c.worker == worker, schema.leases.c.state == LeaseState.RUNNING.value)
+                .values(beats=schema.leases.c.beats + 1, updated_at=now())
+            ).rowcount
+
+    def _update_lease(self, lease_id: int, only_from: LeaseState | None, **values: Any) -> bool:
+        query = sa.update(schema.leases).where(schema.leases.c.id == lease_id)
+        if only_from is not None:
+            query = query.where(schema.leases.c.state == only_from.value)
+        with self._connect(write=True) as conn:
+            return conn.execute(query.values(**values, updated_at=now())).rowcount == 1
+
+
+def _columns(lease: Lease) -> dict[str, Any]:
+    """A lease as column values (enums as the text the table holds)."""
+    return {**lease.__dict__, "kind": lease.kind.value, "state": lease.state.value}
+
+
+def _lease(values: dict[str, Any]) -> Lease:
+    values.pop("updated_at", None)
+    return Lease(**{**values, "kind": LeaseKind(values["kind"]), "state": LeaseState(values["state"])})
