@@ -30,13 +30,15 @@ if TYPE_CHECKING:
     from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work
     from autotune.search.spec import TuneResult, TuneSpec, tune_spec
     from autotune.trials.measurement import MeasureSpec, measure_spec
-    from autotune.trials.result import TrialResult, TrialSettings
+    from autotune.trials.result import TrialResult
+from autotune.trials.settings import TrialSettings
 
 _LAZY = {
     "autotune.api": ("best", "doctor", "measure", "probe", "show", "studies", "submit", "tune", "work"),
     "autotune.search.spec": ("TuneResult", "TuneSpec", "tune_spec"),
     "autotune.trials.measurement": ("MeasureSpec", "measure_spec"),
-    "autotune.trials.result": ("TrialResult", "TrialSettings"),
+    "autotune.trials.result": ("TrialResult",),
+    "autotune.trials.settings": ("TrialSettings",),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.core.plans import Backend
 
@@ -97,7 +97,7 @@ def probe(
         InputError, DeviceError: bad command or device. TrialError: the trial could not be started.
     """
     from autotune.trials.measurement import measure, measure_spec
-    from autotune.trials.result import TrialSettings
+    from autotune.trials.settings import TrialSettings
 
     spec = measure_spec(
         command,
@@ -214,8 +214,7 @@ def work(
 
     env = dict(os.environ if environ is None else environ)
     url = storage or default_storage_url(default_cache_dir(cache_dir))
-    options: dict[str, Any] = {"say": say} if say is not None else {}
-    worker = Worker(url, parse_devices(devices, env), cache_dir, env, once, tuple(studies) or None, **options)
+    worker = Worker(url, parse_devices(devices, env), cache_dir, env, once, tuple(studies) or None, say)
     return worker.run()
 
 

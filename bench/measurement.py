@@ -24,7 +24,7 @@ from autotune.hardware.devices import cpu_device
 from autotune.hardware.meters import MemoryReading, RssMeter
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 
 SYNTHETIC = Path(__file__).parent.parent / "tests" / "scripts" / "synthetic.py"
 MiB = 2**20

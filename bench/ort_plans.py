@@ -66,9 +66,20 @@ def main() -> None:
         for _ in range(args.repeats):
             for plan in plans:
                 r = autotune(
-                    "measure", "-b", str(batch), "--plan", plan, "--steps", "5", "--warmup-steps", "2",
-                    *common, str(EXAMPLE), "--", *ARGS,
-                )  # fmt: skip
+                    "measure",
+                    "-b",
+                    str(batch),
+                    "--plan",
+                    plan,
+                    "--steps",
+                    "5",
+                    "--warmup-steps",
+                    "2",
+                    *common,
+                    str(EXAMPLE),
+                    "--",
+                    *ARGS,
+                )
                 runs[plan].append((r["peak_bytes"], r["samples_per_sec"]))
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cores; examples/ort_transformer.py {' '.join(ARGS)}; "

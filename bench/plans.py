@@ -30,7 +30,7 @@ from autotune.hardware.devices import cpu_device
 from autotune.hardware.meters import RssMeter
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 
 GPT = Path(__file__).parent.parent / "examples" / "gpt.py"
 SELECTIVE = "Block:1/save=attention+matmul"

@@ -27,7 +27,7 @@ from autotune.search.space import parse_batch_sizes
 from autotune.search.spec import TuneSpec
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 from autotune.workers.tune import tune
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -19,7 +19,8 @@ from autotune.hardware.devices import cpu_device
 from autotune.hardware.meters import RssMeter
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
-from autotune.trials.result import TrialResult, TrialSettings
+from autotune.trials.result import TrialResult
+from autotune.trials.settings import TrialSettings
 
 ROOT = Path(__file__).parent.parent
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -28,8 +28,17 @@ DEFAULT_DB = cache_dir_option("Where the default database lives.")
 @BACKEND
 @storage_option()
 @DEFAULT_DB
-def best(command: tuple[str, ...], budget: str | None, study: str | None, device: str, backend: str,
-         as_json: bool, as_env: bool, storage: str | None, cache_dir: Path | None) -> None:  # fmt: skip
+def best(
+    command: tuple[str, ...],
+    budget: str | None,
+    study: str | None,
+    device: str,
+    backend: str,
+    as_json: bool,
+    as_env: bool,
+    storage: str | None,
+    cache_dir: Path | None,
+) -> None:
     """The best stored plan, from the database alone (no trial is run).
 
     With a SCRIPT, the plan tuned for it on this device; with --study, that study's; with neither, the
@@ -39,9 +48,15 @@ def best(command: tuple[str, ...], budget: str | None, study: str | None, device
     from autotune.cli.console import console
 
     answer = api.best(
-        command or None, budget=budget, study=study, device=device, backend=backend, storage=storage,
-        cache_dir=cache_dir, environ=os.environ,
-    )  # fmt: skip
+        command or None,
+        budget=budget,
+        study=study,
+        device=device,
+        backend=backend,
+        storage=storage,
+        cache_dir=cache_dir,
+        environ=os.environ,
+    )
     render.best(console(), answer, as_json, as_env)
 
 

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from autotune.core.budget import DEFAULT_HEADROOM
-from autotune.search.space import DEFAULT_TRIALS
-from autotune.trials.result import TrialSettings
+from autotune.search import DEFAULT_TRIALS
+from autotune.trials.settings import TrialSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,23 +46,46 @@ COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
+STEPS = click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=TrialSettings.measured_steps,
+    show_default=True,
+    help="Measured steps per trial.",
+)
+WARMUP_STEPS = click.option(
+    "--warmup-steps",
+    type=click.IntRange(min=1),
+    default=TrialSettings.warmup_steps,
+    show_default=True,
+    help="Warm-up steps per trial (not timed).",
+)
+DEVICE = click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="auto (run: every visible GPU, one trial at a time each; else the CPU), cpu, cuda or cuda:N.",
+)
+TIMEOUT = click.option(
+    "--timeout",
+    type=float,
+    default=TrialSettings.timeout,
+    show_default=True,
+    help="Seconds one trial may run.",
+)
+STARTUP_TIMEOUT = click.option(
+    "--startup-timeout",
+    type=float,
+    default=TrialSettings.startup_timeout,
+    show_default=True,
+    help="Seconds until a trial's first step.",
+)
+
+
 def trial_options(command: F) -> F:
     """Options every command that runs trials takes."""
-    return _apply(
-        command,
-        [
-            click.option("--steps", type=click.IntRange(min=1), default=TrialSettings.measured_steps, show_default=True,
-                         help="Measured steps per trial."),
-            click.option("--warmup-steps", type=click.IntRange(min=1), default=TrialSettings.warmup_steps, show_default=True,
-                         help="Warm-up steps per trial (not timed)."),
-            click.option("--device", default="auto", show_default=True,
-                         help="auto (run: every visible GPU, one trial at a time each; else the CPU), cpu, cuda or cuda:N."),
-            click.option("--timeout", type=float, default=TrialSettings.timeout, show_default=True, help="Seconds one trial may run."),
-            click.option("--startup-timeout", type=float, default=TrialSettings.startup_timeout, show_default=True,
-                         help="Seconds until a trial's first step."),
-            cache_dir_option("Database and trial logs (default: the user cache dir)."),
-        ],
-    )  # fmt: skip
+    cache_dir = cache_dir_option("Database and trial logs (default: the user cache dir).")
+    return _apply(command, [STEPS, WARMUP_STEPS, DEVICE, TIMEOUT, STARTUP_TIMEOUT, cache_dir])
 
 
 def search_options(command: F) -> F:
@@ -71,14 +94,32 @@ def search_options(command: F) -> F:
         command,
         [
             click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True),
-            click.option("--budget", required=True, help="Memory budget: 40GB, 40GiB, 0.5TiB, 90% of the device, ..."),
-            click.option("--trials", type=click.IntRange(min=1), default=DEFAULT_TRIALS, show_default=True,
-                         help="Trials the study should hold (counted over resumed runs and all workers)."),
-            click.option("--batch-sizes", help="A range (8-512: powers of two and midpoints within) or a list "
-                         "(8,16,24). Default: 1 up, pruned by the memory model."),
-            click.option("--plans", multiple=True, help="Plans to search, ';'-separated or repeated (default: from the model)."),
-            click.option("--headroom", default=f"{DEFAULT_HEADROOM:.0%}", show_default=True,
-                         help="Margin the winner's verified peak keeps under the budget."),
+            click.option(
+                "--budget", required=True, help="Memory budget: 40GB, 40GiB, 0.5TiB, 90% of the device, ..."
+            ),
+            click.option(
+                "--trials",
+                type=click.IntRange(min=1),
+                default=DEFAULT_TRIALS,
+                show_default=True,
+                help="Trials the study should hold (counted over resumed runs and all workers).",
+            ),
+            click.option(
+                "--batch-sizes",
+                help="A range (8-512: powers of two and midpoints within) or a list "
+                "(8,16,24). Default: 1 up, pruned by the memory model.",
+            ),
+            click.option(
+                "--plans",
+                multiple=True,
+                help="Plans to search, ';'-separated or repeated (default: from the model).",
+            ),
+            click.option(
+                "--headroom",
+                default=f"{DEFAULT_HEADROOM:.0%}",
+                show_default=True,
+                help="Margin the winner's verified peak keeps under the budget.",
+            ),
             click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
             click.option("--study", help="Study name (default: derived from the script and the search)."),
             click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
@@ -86,7 +127,7 @@ def search_options(command: F) -> F:
             storage_option(),
             AS_JSON,
         ],
-    )  # fmt: skip
+    )
     return trial_options(command)
 
 

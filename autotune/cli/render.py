@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -11,9 +12,11 @@ from rich.table import Table
 from autotune.cli.console import as_json, key_values
 from autotune.cli.tables import checks_table, not_run_line, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
-from autotune.results.best import BestAnswer
-from autotune.results.listing import StudyReport, StudySummary
-from autotune.search.spec import TuneResult
+
+if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
+    from autotune.results.best import BestAnswer
+    from autotune.results.listing import StudyReport, StudySummary
+    from autotune.search.spec import TuneResult
 
 
 def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str, as_json_flag: bool) -> None:

@@ -4,6 +4,7 @@ probe's predicted savings beside the measured ones."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.table import Table
@@ -11,8 +12,10 @@ from rich.table import Table
 from autotune.cli.console import signed_bytes
 from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
-from autotune.results.listing import PlanCheck
 from autotune.search.records import TrialKind, TrialRecord
+
+if TYPE_CHECKING:
+    from autotune.results.listing import PlanCheck
 
 
 def trials_table(records: Sequence[TrialRecord], limit: int | None = None, workers: bool = False) -> Table:

@@ -12,7 +12,7 @@ from autotune import api
 from autotune.cli.main import cli, exit_with
 from autotune.cli.options import AS_JSON, BACKEND, cache_dir_option, settings_of, trial_options
 from autotune.core.protocol import Outcome
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 
 
 @cli.command()
@@ -27,8 +27,15 @@ from autotune.trials.result import TrialSettings
 @AS_JSON
 @BACKEND
 @trial_options
-def measure(command: tuple[str, ...], batch_size: int, plan: str, backend: str, budget: str | None,
-            as_json: bool, **options: object) -> None:  # fmt: skip
+def measure(
+    command: tuple[str, ...],
+    batch_size: int,
+    plan: str,
+    backend: str,
+    budget: str | None,
+    as_json: bool,
+    **options: object,
+) -> None:
     """Run one measured trial: peak memory, samples/s, step times.
 
     COMMAND is a script and its arguments (SCRIPT [-- ARGS]) or, after --, any command line in which
@@ -39,9 +46,15 @@ def measure(command: tuple[str, ...], batch_size: int, plan: str, backend: str, 
     from autotune.trials.measurement import measure_spec
 
     spec = measure_spec(
-        command, batch_size, plan=plan, backend=backend, budget=budget, settings=settings_of(options),
-        device=str(options["device"]), cache_dir=options["cache_dir"],  # type: ignore[arg-type]
-    )  # fmt: skip
+        command,
+        batch_size,
+        plan=plan,
+        backend=backend,
+        budget=budget,
+        settings=settings_of(options),
+        device=str(options["device"]),
+        cache_dir=options["cache_dir"],  # type: ignore[arg-type]
+    )
     result = api.measure(spec, environ=os.environ)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else measured(result))
     exit_with(result.outcome is Outcome.COMPLETE and result.fits_budget is not False)
@@ -68,8 +81,15 @@ def measure(command: tuple[str, ...], batch_size: int, plan: str, backend: str, 
 )
 @cache_dir_option("Where trial logs go (default: the user cache dir).")
 @BACKEND
-def probe(command: tuple[str, ...], batch_size: int, as_json: bool, backend: str, device: str,
-          timeout: float, cache_dir: Path | None) -> None:  # fmt: skip
+def probe(
+    command: tuple[str, ...],
+    batch_size: int,
+    as_json: bool,
+    backend: str,
+    device: str,
+    timeout: float,
+    cache_dir: Path | None,
+) -> None:
     """List the recompute candidates of a model with their measured savings (one instrumented trial).
 
     Module level: each repeated module class; operator level: the op kinds inside the outermost
@@ -79,9 +99,14 @@ def probe(command: tuple[str, ...], batch_size: int, as_json: bool, backend: str
     from autotune.cli.render_trial import probed
 
     result = api.probe(
-        command, batch_size=batch_size, device=device, timeout=timeout, backend=backend,
-        cache_dir=cache_dir, environ=os.environ,
-    )  # fmt: skip
+        command,
+        batch_size=batch_size,
+        device=device,
+        timeout=timeout,
+        backend=backend,
+        cache_dir=cache_dir,
+        environ=os.environ,
+    )
     probed(console(), result, as_json)
     exit_with(result.outcome is Outcome.COMPLETE)
 

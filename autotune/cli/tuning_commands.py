@@ -91,9 +91,14 @@ def worker(
     stopped and released, nothing is left running). Several workers, on any hosts, share the jobs."""
     quiet_optuna()
     summary = api.work(
-        storage=storage, devices=devices, once=once, studies=studies_, cache_dir=cache_dir,
-        environ=os.environ, say=partial(click.echo, err=True),
-    )  # fmt: skip
+        storage=storage,
+        devices=devices,
+        once=once,
+        studies=studies_,
+        cache_dir=cache_dir,
+        environ=os.environ,
+        say=partial(click.echo, err=True),
+    )
     click.echo(
         f"worker: {summary.trials} trial(s); jobs done: {', '.join(summary.jobs_done) or '-'}; "
         f"failed: {', '.join(summary.jobs_failed) or '-'}; refused: {', '.join(summary.refused) or '-'}"

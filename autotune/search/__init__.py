@@ -1,1 +1,10 @@
-"""TODO"""
+"""The search: which configurations to measure, in what order, when to stop, and which one wins.
+
+- the algorithm, pure: ``space`` (batch sizes x plans), ``memory_model``, ``propose``, ``records``;
+- the loop over a shared study: ``loop`` (Search), ``recovery``, ``verify``, with the Optuna glue in
+  ``study`` and ``optuna_trials``;
+- a job against this machine and database: ``spec`` (TuneSpec), ``resolve``, ``probing``, ``naming``,
+  ``runner``.
+"""
+
+DEFAULT_TRIALS = 16  # trials a study holds unless --trials says otherwise (read by the CLI at start-up)

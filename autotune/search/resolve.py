@@ -100,18 +100,29 @@ def resolve(
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
     )
     runner = TrialRunner(
-        spec.command, spec.backend, device, make_meter(device, nvml), spec.settings,
-        cache_dir(spec.cache_dir), environ, stop,
-    )  # fmt: skip
+        spec.command,
+        spec.backend,
+        device,
+        make_meter(device, nvml),
+        spec.settings,
+        cache_dir(spec.cache_dir),
+        environ,
+        stop,
+    )
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
     space = build_space(spec.batch_sizes, spec.plans, probe)
-    steps = (spec.settings.warmup_steps, spec.settings.measured_steps)
-    key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps)
-    name = spec.study or default_study_name(workload, key)
-    row = StudyRow(name, workload.fingerprint, key, limit.budget_bytes, spec.headroom, space.as_dict())
+    row = _study_row(spec, workload, limit, space)
     return ResolvedJob(
         spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run
     )
+
+
+def _study_row(spec: TuneSpec, workload: Workload, limit: Limit, space: SearchSpace) -> StudyRow:
+    """The study that holds this job: keyed by the workload and everything the search was asked."""
+    steps = (spec.settings.warmup_steps, spec.settings.measured_steps)
+    key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps)
+    name = spec.study or default_study_name(workload, key)
+    return StudyRow(name, workload.fingerprint, key, limit.budget_bytes, spec.headroom, space.as_dict())
 
 
 def _savings(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:

@@ -14,7 +14,8 @@ from autotune.hardware.devices import Device
 from autotune.hardware.meters import MemoryMeter
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
-from autotune.trials.result import TrialResult, TrialSettings
+from autotune.trials.result import TrialResult
+from autotune.trials.settings import TrialSettings
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from autotune.backends.probe_report import ModuleCandidate, OrtProbeReport, Prob
 from autotune.core.errors import InputError
 from autotune.core.plans import Backend, parse_plan
 
-DEFAULT_TRIALS = 16  # trials a study holds unless --trials says otherwise
 DEFAULT_MAX_BATCH = 65536
 RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated class
 

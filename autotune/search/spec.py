@@ -15,12 +15,13 @@ from autotune.core.budget import DEFAULT_HEADROOM, Budget, check_headroom, parse
 from autotune.core.errors import InputError
 from autotune.core.paths import cache_dir, default_storage_url
 from autotune.core.plans import Backend
+from autotune.search import DEFAULT_TRIALS
 from autotune.search.naming import check_study_name
 from autotune.search.records import TrialRecord
-from autotune.search.space import DEFAULT_TRIALS, parse_batch_sizes, parse_plan_list
+from autotune.search.space import parse_batch_sizes, parse_plan_list
 from autotune.storage import BestRow
 from autotune.trials.command import TrialCommand
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
-from autotune.trials.result import TrialResult, TrialSettings
+from autotune.trials.result import TrialResult
+from autotune.trials.settings import TrialSettings
 
 MAX_VERIFICATIONS = 3
 POLL_SECONDS = 0.5

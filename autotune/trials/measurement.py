@@ -25,7 +25,8 @@ from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
 from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
-from autotune.trials.result import TrialResult, TrialSettings, classify, throughput
+from autotune.trials.result import TrialResult, classify, throughput
+from autotune.trials.settings import TrialSettings
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""What a trial is asked to run for (``TrialSettings``) and what it measured (``TrialResult``), and how its
-outcome is decided: from its exit status and its report, never from its logs."""
+"""What a trial measured (``TrialResult``), and how its outcome is decided: from its exit status and its
+report, never from its logs."""
 
 from __future__ import annotations
 
@@ -10,32 +10,9 @@ from typing import Any
 
 from autotune.backends.probe_report import ModuleCandidate, ProbeReport
 from autotune.core.budget import fits
-from autotune.core.errors import InputError
 from autotune.core.protocol import Outcome, TrialReport
 from autotune.trials.launcher import ProcessExit
-
-
-@dataclass(frozen=True)
-class TrialSettings:
-    """How long a trial runs: steps and time limits. Shared by ``measure`` and the search; the CLI's
-    defaults are these."""
-
-    warmup_steps: int = 2
-    measured_steps: int = 5
-    startup_timeout: float = 300.0
-    timeout: float = 900.0
-    grace: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.warmup_steps < 1:
-            raise InputError(
-                f"warm-up steps must be at least 1 (the first step includes start-up), got {self.warmup_steps}"
-            )
-        if self.measured_steps < 1:
-            raise InputError(f"measured steps must be at least 1, got {self.measured_steps}")
-        for name in ("startup_timeout", "timeout", "grace"):
-            if not getattr(self, name) > 0:
-                raise InputError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)}")
+from autotune.trials.settings import TrialSettings
 
 
 @dataclass(frozen=True)

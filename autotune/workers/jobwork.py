@@ -44,8 +44,8 @@ class JobWork:
             JobRefused: this worker cannot run the job here. ScriptError, NoFitError: the job failed.
         """
         if self.search is None:
-            self.search = self._start()
-            if self.trials:  # the probe ran here
+            self.search, probed_here = self._start()
+            if probed_here:  # the probe's trial was this step's work
                 return Step.RAN
         before = self.search.trials_run
         step = self.search.step()
@@ -57,7 +57,9 @@ class JobWork:
             self.trials += 1
         return Step.FINISHED if best is not None else step
 
-    def _start(self) -> Search:
+    def _start(self) -> tuple[Search, bool]:
+        """The job resolved here (its probe run here if no worker ran it yet) and its study opened; whether
+        this call ran the probe."""
         job = resolve(self.spec, self.environ, self.reporter, self.nvml, self.worker, self.stop, self.store)
         self.trials += job.probes_run
         try:
@@ -68,4 +70,4 @@ class JobWork:
                 f"({job.device.name}): {e}"
             ) from e
         self.store.set_job_state(self.job.study_name, JobState.RUNNING, only_from=(JobState.OPEN,))
-        return job.search(study, self.reporter, self.worker)
+        return job.search(study, self.reporter, self.worker), job.probes_run > 0

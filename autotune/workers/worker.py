@@ -88,7 +88,7 @@ class Worker:
         environ: Mapping[str, str] | None = None,
         once: bool = False,
         jobs: tuple[str, ...] | None = None,
-        say: Callable[[str], None] = _silent,
+        say: Callable[[str], None] | None = None,
         nvml: Any = None,
     ) -> None:
         """``say``: where the worker's lines go (the CLI: stderr; tune()'s helpers: the run's notes)."""
@@ -99,7 +99,7 @@ class Worker:
         self.environ = dict(os.environ if environ is None else environ)
         self.once = once
         self.only = jobs
-        self.say = say
+        self.say = say or _silent
         self.nvml = nvml  # a loaded NVML module (tests: a fake); None: pynvml, loaded where needed
         self.worker = worker_id()
         self.stop = threading.Event()
@@ -197,9 +197,17 @@ class Worker:
         try:
             if name not in works:
                 works[name] = JobWork(
-                    job, self.store, self.storage_url, device, self.cache, self.environ, reporter,
-                    self.worker, self.stop, self.nvml,
-                )  # fmt: skip
+                    job,
+                    self.store,
+                    self.storage_url,
+                    device,
+                    self.cache,
+                    self.environ,
+                    reporter,
+                    self.worker,
+                    self.stop,
+                    self.nvml,
+                )
             work = works[name]
             before = work.trials
             step = work.step()

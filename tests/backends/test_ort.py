@@ -52,9 +52,27 @@ def measured(
     env: dict[str, str] | None = None,
 ) -> tuple[dict, list[float]]:
     proc = autotune(
-        "measure", "--backend", "ort", "-b", str(batch), "--plan", plan, "--device", "cpu", "--json",
-        "--steps", "3", "--warmup-steps", "1", "--cache-dir", str(cache), str(script), "--", *args, env=env,
-    )  # fmt: skip
+        "measure",
+        "--backend",
+        "ort",
+        "-b",
+        str(batch),
+        "--plan",
+        plan,
+        "--device",
+        "cpu",
+        "--json",
+        "--steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--cache-dir",
+        str(cache),
+        str(script),
+        "--",
+        *args,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     log = Path(result["log_dir"])
@@ -83,9 +101,20 @@ def test_ortmodule_trains_with_pytorch_s_losses_and_an_export_cache_per_workload
 
 def test_the_probe_lists_ort_s_plans_with_numeric_savings(tmp_path) -> None:
     proc = autotune(
-        "probe", "--backend", "ort", "-b", "4", "--json", "--device", "cpu", "--cache-dir", str(tmp_path),
-        str(EXAMPLE), "--", *SMALL,
-    )  # fmt: skip
+        "probe",
+        "--backend",
+        "ort",
+        "-b",
+        "4",
+        "--json",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path),
+        str(EXAMPLE),
+        "--",
+        *SMALL,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     rows = {row["plan"]: row for row in data["candidates"]}
@@ -105,9 +134,21 @@ def test_a_plan_s_measured_saving_is_within_15_percent_of_ort_s_prediction(tmp_p
     args = ["--seq", "256", "--d-model", "256", "--layers", "4"]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors go back to the kernel
     proc = autotune(
-        "probe", "--backend", "ort", "-b", "8", "--json", "--device", "cpu", "--cache-dir", str(tmp_path),
-        str(LIVE_BYTES), "--", *args, env=env,
-    )  # fmt: skip
+        "probe",
+        "--backend",
+        "ort",
+        "-b",
+        "8",
+        "--json",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path),
+        str(LIVE_BYTES),
+        "--",
+        *args,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = "FusedMatMul+Softmax+:1:-1"
     predicted = {row["plan"]: row["saving_bytes"] for row in json.loads(proc.stdout)["candidates"]}[plan]
@@ -120,18 +161,47 @@ def test_a_plan_s_measured_saving_is_within_15_percent_of_ort_s_prediction(tmp_p
 
 def test_run_backend_ort_picks_a_plan_under_budget_and_best_env_reproduces_it(tmp_path) -> None:
     proc = autotune(
-        "run", "--backend", "ort", "--budget", "1GiB", "--trials", "3", "--batch-sizes", "2,4,8",
-        "--plans", "BiasGelu+:1:-1;level:1", "--steps", "2", "--warmup-steps", "1", "--device", "cpu",
-        "--json", "--cache-dir", str(tmp_path), str(EXAMPLE), "--", *SMALL,
-    )  # fmt: skip
+        "run",
+        "--backend",
+        "ort",
+        "--budget",
+        "1GiB",
+        "--trials",
+        "3",
+        "--batch-sizes",
+        "2,4,8",
+        "--plans",
+        "BiasGelu+:1:-1;level:1",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+        "--cache-dir",
+        str(tmp_path),
+        str(EXAMPLE),
+        "--",
+        *SMALL,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["plan"] in ("BiasGelu+:1:-1", "level:1")
     assert result["peak_bytes"] <= result["limit_bytes"]
     answer = autotune(
-        "best", "--backend", "ort", "--env", "--device", "cpu", "--cache-dir", str(tmp_path),
-        str(EXAMPLE), "--", *SMALL,
-    )  # fmt: skip
+        "best",
+        "--backend",
+        "ort",
+        "--env",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path),
+        str(EXAMPLE),
+        "--",
+        *SMALL,
+    )
     assert answer.returncode == 0, answer.stderr
     exports = dict(line.removeprefix("export ").split("=", 1) for line in answer.stdout.splitlines() if line)
     env = {name: shlex.split(value)[0] for name, value in exports.items()}

@@ -18,12 +18,16 @@ def probe_data(units: int = 4, saved: int = 10, inputs: int = 1, matmul_out: int
     """Probe report of a model of ``units`` blocks, each keeping ``saved`` bytes for backward (MLP: half)."""
     blocks = [
         InstanceStats(
-            f"blocks.{i}", "Block", saved, inputs, 1.0,
+            f"blocks.{i}",
+            "Block",
+            saved,
+            inputs,
+            1.0,
             saved_by_kind={"softmax": 4, "matmul": 6},
             output_bytes={"matmul": matmul_out, "softmax": 4, "elementwise": 2},
         )
         for i in range(units)
-    ]  # fmt: skip
+    ]
     mlps = [
         InstanceStats(
             f"blocks.{i}.mlp",

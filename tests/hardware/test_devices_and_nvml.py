@@ -18,7 +18,7 @@ from autotune.hardware.meters import NvmlMeter, RssMeter
 from autotune.trials._shim import descendants
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import MeasureSpec, measure
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 
 from conftest import SCRIPTS, MiB, in_a_fresh_interpreter
 from fake_nvml import FakeGpu, FakeNvml

@@ -18,8 +18,15 @@ SPACE = SearchSpace(batch_sizes=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128), plans
 SAVINGS = {"A:1": 6 * MiB}
 
 
-def trial(number: int, batch: int, plan: str, per_sample_mib: float, outcome: Outcome = Outcome.COMPLETE,
-          samples_per_sec: float = 100.0, kind: TrialKind = TrialKind.MEASURED) -> TrialRecord:  # fmt: skip
+def trial(
+    number: int,
+    batch: int,
+    plan: str,
+    per_sample_mib: float,
+    outcome: Outcome = Outcome.COMPLETE,
+    samples_per_sec: float = 100.0,
+    kind: TrialKind = TrialKind.MEASURED,
+) -> TrialRecord:
     peak = int((100 + batch * per_sample_mib) * MiB)
     return TrialRecord(
         number,

@@ -93,7 +93,7 @@ def test_torch_cpu_allocator_failure_is_oom(cache) -> None:
     from autotune.hardware.meters import RssMeter
     from autotune.trials.command import TrialCommand
     from autotune.trials.measurement import run_trial
-    from autotune.trials.result import TrialSettings
+    from autotune.trials.settings import TrialSettings
 
     script = cache / "huge.py"
     script.write_text("import torch\ntorch.empty(2**62, dtype=torch.uint8)\n")

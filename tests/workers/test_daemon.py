@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from autotune.core.budget import parse_budget
 from autotune.search.spec import TuneSpec
 from autotune.trials.command import TrialCommand
-from autotune.trials.result import TrialSettings
+from autotune.trials.settings import TrialSettings
 from autotune.workers.tune import tune
 
 from conftest import (

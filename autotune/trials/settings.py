@@ -1,0 +1,30 @@
+"""How long a trial runs: its steps and time limits (light: the CLI reads its defaults at start-up)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.core.errors import InputError
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """How long a trial runs: steps and time limits. Shared by ``measure`` and the search; the CLI's
+    defaults are these."""
+
+    warmup_steps: int = 2
+    measured_steps: int = 5
+    startup_timeout: float = 300.0
+    timeout: float = 900.0
+    grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 1:
+            raise InputError(
+                f"warm-up steps must be at least 1 (the first step includes start-up), got {self.warmup_steps}"
+            )
+        if self.measured_steps < 1:
+            raise InputError(f"measured steps must be at least 1, got {self.measured_steps}")
+        for name in ("startup_timeout", "timeout", "grace"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)}")
