@@ -13,7 +13,7 @@ import pytest
 
 from autotune.core.errors import DeviceError, InputError
 from autotune.core.protocol import Outcome
-from autotune.hardware.devices import resolve_device
+from autotune.hardware.devices import gpu_count, resolve_device
 from autotune.hardware.meters import NvmlMeter, RssMeter
 from autotune.trials._shim import descendants
 from autotune.trials.command import TrialCommand
@@ -21,7 +21,7 @@ from autotune.trials.measurement import MeasureSpec, measure
 from autotune.trials.settings import TrialSettings
 
 from conftest import SCRIPTS, MiB, in_a_fresh_interpreter
-from fake_nvml import FakeGpu, FakeNvml
+from fake_nvml import FakeGpu, FakeNvml, NVMLError
 
 
 @pytest.fixture
@@ -237,3 +237,22 @@ def test_one_meter_measures_trial_after_trial(fake, tmp_path) -> None:
         peaks.append(reading.peak_bytes)
     assert 2 * 120 * MiB < peaks[0] < 2 * 120 * MiB + 80 * MiB  # two interpreters of ~10 MiB each on top
     assert 2 * 40 * MiB < peaks[1] < 2 * 40 * MiB + 80 * MiB
+
+
+def test_gpu_count_is_zero_without_nvml_and_an_nvml_failure_is_reported(fake) -> None:
+    """Without NVML there is no GPU to count (0); NVML that fails while counting is an error, not 0 GPUs
+    (the old count swallowed every exception, so a broken driver looked like a CPU-only machine)."""
+
+    def no_nvml() -> FakeNvml:
+        raise DeviceError("NVML is not available")
+
+    assert gpu_count({}, no_nvml) == 0
+    assert gpu_count({}, lambda: fake) == 2
+    assert gpu_count({"CUDA_VISIBLE_DEVICES": "1"}, lambda: fake) == 1
+
+    class Broken(FakeNvml):  # fake NVML (no GPU here): counting fails
+        def nvmlDeviceGetCount(self) -> int:
+            raise NVMLError("Unknown Error")
+
+    with pytest.raises(DeviceError, match="NVML cannot count the GPUs: Unknown Error"):
+        gpu_count({}, lambda: Broken())
