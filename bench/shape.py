@@ -22,16 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "autotune"
 
 
+sys.path.insert(0, str(ROOT / "tests"))
+from test_architecture import cycles, import_graph, package_modules  # noqa: E402  (one walker: the test's)
+
+
 def _sources() -> dict[str, Path]:
-    """Module name -> file: the package's own modules (test_architecture walks them the same way), or in
-    the old flat layout, storage/ mapped onto autotune.storage."""
+    """Module name -> file: the package's own modules, or in the old flat layout (before issue 14),
+    storage/ mapped onto autotune.storage."""
     import autotune
 
     base = Path(autotune.__file__).resolve().parent
     if (base / "storage").exists():
-        sys.path.insert(0, str(ROOT / "tests"))
-        from test_architecture import package_modules
-
         return package_modules()
     found: dict[str, Path] = {}
     for path in sorted(base.rglob("*.py")):
@@ -65,70 +66,6 @@ def modules() -> None:
     )
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports anywhere (module level, functions, TYPE_CHECKING blocks)."""
-    sources = _sources()
-    graph: dict[str, set[str]] = {}
-    for name, path in sources.items():
-        is_package = path.name == "__init__.py"
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = name.split(".") if is_package else name.split(".")[:-1]
-                    anchor = anchor[: len(anchor) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                # the imported names that are modules, else the module they come from
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
-            for target in targets:
-                while target and target not in sources:
-                    target = target.rpartition(".")[0]
-                if target and target != name and target != "autotune":
-                    edges.add(target)
-        graph[name] = edges
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in graph.get(node, ()):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(10000)
-    for node in graph:
-        if node not in index:
-            visit(node)
-    return found
-
-
 def floors(graph: dict[str, set[str]]) -> dict[str, int]:
     """Each module's import floor: 0 for modules importing nothing of the package, else 1 + the highest
     floor it imports (the members of a cycle share one floor)."""
@@ -149,7 +86,7 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 
 
 def imports() -> None:
-    graph = import_graph()
+    graph = import_graph(_sources())
     found = cycles(graph)
     levels = floors(graph)
     print(f"{len(graph)} modules on {max(levels.values()) + 1} import floors")
@@ -161,7 +98,7 @@ def imports() -> None:
 def route() -> None:
     from autotune import TrialSettings, tune, tune_spec
 
-    levels = floors(import_graph())
+    levels = floors(import_graph(_sources()))
     by_file = {str(path): name for name, path in _sources().items()}
     spec = None
     tracked: set[int] = set()  # the spec and the objects it carries down

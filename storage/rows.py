@@ -6,12 +6,13 @@ reads rows back into these types, so nothing above the storage layer compares ba
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.core.enums import TextEnum
 
-class JobState(str, enum.Enum):
+
+class JobState(TextEnum):
     """A tuning job's life: open (submitted) -> running (a worker took it) -> done (winner stored) or failed."""
 
     OPEN = "open"
@@ -19,11 +20,8 @@ class JobState(str, enum.Enum):
     DONE = "done"
     FAILED = "failed"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class LeaseKind(str, enum.Enum):
+class LeaseKind(TextEnum):
     """What a lease gives its worker: the workload's probe, a trial, a verification, or one of a study's
     ``--trials N`` slots."""
 
@@ -32,20 +30,14 @@ class LeaseKind(str, enum.Enum):
     VERIFY = "verify"
     SLOT = "slot"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class LeaseState(str, enum.Enum):
+class LeaseState(TextEnum):
     """queued (any worker may take it) -> running (its worker beats) -> done or failed."""
 
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,10 @@ def package_modules() -> dict[str, Path]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, anywhere in its text."""
-    modules = package_modules()
+def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, anywhere in its text (``modules``: name -> file, by
+    default the installed package's)."""
+    modules = modules if modules is not None else package_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]

@@ -23,23 +23,20 @@ This module imports no torch: plans are parsed and printed by commands that run 
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 from dataclasses import dataclass
 
+from autotune.core.enums import TextEnum
 from autotune.core.errors import InputError
 
 
-class Backend(str, enum.Enum):
+class Backend(TextEnum):
     """What applies a plan: torch (activation checkpointing, primary) or ort (ONNX Runtime's ORTModule
     memory optimizer, a deprecated compatibility backend)."""
 
     TORCH = "torch"
     ORT = "ort"
-
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def parse(cls, text: str | Backend) -> Backend:

@@ -8,13 +8,13 @@ While it runs, the child atomically rewrites ``request.progress_path`` with the 
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.core.enums import TextEnum
 from autotune.core.plans import Backend
 
 REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
@@ -27,16 +27,13 @@ EXIT_OOM = 75  # CUDA out of memory, or the CPU allocator refused
 EXIT_FAILED = 76  # the script raised, or ended before its steps were done
 
 
-class Outcome(str, enum.Enum):
+class Outcome(TextEnum):
     """How a trial ended."""
 
     COMPLETE = "complete"
     OOM = "oom"
     FAILED = "failed"
     TIMEOUT = "timeout"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,12 @@ Every trial carries a :class:`TrialKind`; only ``measured`` trials count against
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.budget import fits
+from autotune.core.enums import TextEnum
 from autotune.core.protocol import Outcome
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 MiB = 2**20
 
 
-class TrialKind(str, enum.Enum):
+class TrialKind(TextEnum):
     """Why a trial is in the study (its ``kind`` user attribute)."""
 
     MEASURED = "measured"  # ran here, for this study
@@ -27,9 +27,6 @@ class TrialKind(str, enum.Enum):
     WARM_START = "warm-start"  # measured for another budget of the same workload
     SKIPPED = "skipped"  # the memory model predicted it cannot fit: not run
     COPY = "copy"  # the sampler proposed a configuration measured already: not run
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
