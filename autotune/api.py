@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from autotune.core.plans import Backend
 
+PROBE_BATCH_SIZE = 4  # small: the probe's instruments cost memory, and its savings scale per sample
+
 # Each function imports what it runs: `autotune best` must not pay for Optuna, numpy or the trial machinery.
 if TYPE_CHECKING:
     from autotune.hardware.doctor import Check
@@ -76,7 +78,7 @@ def measure(spec: MeasureSpec, *, environ: Mapping[str, str] | None = None) -> T
 def probe(
     command: Sequence[str],
     *,
-    batch_size: int = 4,
+    batch_size: int = PROBE_BATCH_SIZE,
     device: str = "auto",
     timeout: float | None = None,
     backend: str | Backend = Backend.TORCH,

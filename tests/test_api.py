@@ -147,4 +147,6 @@ def test_the_cli_and_the_library_agree_on_defaults() -> None:
     assert (defaults["startup_timeout"], defaults["timeout"]) == (settings.startup_timeout, settings.timeout)
     assert defaults["trials"] == autotune.TuneSpec.trials
     assert autotune.tune_spec([str(SYNTHETIC)], "1GB", headroom=defaults["headroom"]).headroom == 0.05
-    assert {p.name: p.default for p in cli.commands["probe"].params}["timeout"] == settings.timeout
+    assert defaults["seed"] == autotune.TuneSpec.seed
+    probe = {p.name: p.default for p in cli.commands["probe"].params}
+    assert (probe["timeout"], probe["batch_size"]) == (settings.timeout, autotune.api.PROBE_BATCH_SIZE)

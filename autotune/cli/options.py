@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from autotune.core.budget import DEFAULT_HEADROOM
-from autotune.search import DEFAULT_TRIALS
+from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
 from autotune.trials.settings import TrialSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -120,7 +120,7 @@ def search_options(command: F) -> F:
                 show_default=True,
                 help="Margin the winner's verified peak keeps under the budget.",
             ),
-            click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
+            click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Sampler seed."),
             click.option("--study", help="Study name (default: derived from the script and the search)."),
             click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
             BACKEND,

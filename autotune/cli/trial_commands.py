@@ -66,7 +66,7 @@ def measure(
     "--batch-size",
     "-b",
     type=click.IntRange(min=1),
-    default=4,
+    default=api.PROBE_BATCH_SIZE,
     show_default=True,
     help="Batch size of the instrumented trial.",
 )

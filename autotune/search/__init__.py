@@ -7,4 +7,6 @@
   ``runner``.
 """
 
-DEFAULT_TRIALS = 16  # trials a study holds unless --trials says otherwise (read by the CLI at start-up)
+# Read by the CLI at start-up, which must not import the search itself.
+DEFAULT_TRIALS = 16  # trials a study holds unless --trials says otherwise
+DEFAULT_SEED = 0  # the sampler's seed: the same job proposes the same configurations

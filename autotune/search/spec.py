@@ -15,7 +15,7 @@ from autotune.core.budget import DEFAULT_HEADROOM, Budget, check_headroom, parse
 from autotune.core.errors import InputError
 from autotune.core.paths import cache_dir, default_storage_url
 from autotune.core.plans import Backend
-from autotune.search import DEFAULT_TRIALS
+from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
 from autotune.search.naming import check_study_name
 from autotune.search.records import TrialRecord
 from autotune.search.space import parse_batch_sizes, parse_plan_list
@@ -35,7 +35,7 @@ class TuneSpec:
     plans: tuple[str, ...] | None = None  # None: derived from the model's repeated classes
     settings: TrialSettings = field(default_factory=TrialSettings)
     headroom: float = DEFAULT_HEADROOM
-    seed: int | None = 0
+    seed: int | None = DEFAULT_SEED
     device: str = "auto"
     cache_dir: Path | None = None
     storage: str | None = None  # SQLAlchemy URL; None: SQLite in the cache dir
