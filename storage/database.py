@@ -57,13 +57,20 @@ SCHEMA_LOCK_KEY = 0x6175746F74756E65  # "autotune": the PostgreSQL advisory lock
 
 
 def parse_url(url: str) -> URL:
-    """Parse a SQLAlchemy URL; plain ``postgresql://`` means the psycopg 3 driver (autotune's ``postgres`` extra)."""
+    """Parse a SQLAlchemy URL; plain ``postgresql://`` means the psycopg 3 driver (autotune's ``postgres`` extra).
+
+    Raises:
+        StorageError: the URL cannot be parsed. The message never quotes it (its password could be
+            anywhere in it) and the parser's own error is not chained (its text may quote the URL).
+    """
     try:
         parsed = make_url(url)
-    except (sa.exc.ArgumentError, ValueError) as e:
+    except (sa.exc.ArgumentError, ValueError):
         raise StorageError(
-            f"invalid storage URL {redact(url)!r}: expected e.g. sqlite:///path/autotune.db or postgresql://user@host/db"
-        ) from e
+            "invalid storage URL: expected e.g. sqlite:///path/autotune.db or postgresql://user:password@host/db; "
+            "percent-encode characters such as @ : / % { } in the user name and password "
+            "(python -c \"import urllib.parse; print(urllib.parse.quote('PASSWORD', safe=''))\")"
+        ) from None
     return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
 
 
@@ -96,10 +103,34 @@ def busy_timeout() -> float:
         raise StorageError(f"AUTOTUNE_BUSY_TIMEOUT must be a number of seconds, got {text!r}") from None
 
 
-def engine_kwargs(url: URL) -> dict[str, object]:
-    if url.get_backend_name() == "sqlite":
+CONNECT_TIMEOUT_SECONDS = 10
+# The drivers' own connect-timeout arguments: a server that accepts the connection and never answers
+# would otherwise hang every command (SQLite has no connection to wait for; its lock wait is the busy
+# timeout).
+_CONNECT_TIMEOUT_ARGUMENT = {"postgresql": "connect_timeout", "mysql": "connect_timeout"}
+# What installs a missing driver, by dialect.
+DRIVER_HINTS = {
+    "postgresql": "pip install 'autotune[postgres]' (psycopg 3)",
+    "mysql": "pip install pymysql and use mysql+pymysql://",
+}
+
+
+def connect_timeout() -> int:
+    """Seconds to wait for a database server to answer a new connection: CONNECT_TIMEOUT_SECONDS, or
+    AUTOTUNE_CONNECT_TIMEOUT."""
+    text = os.environ.get("AUTOTUNE_CONNECT_TIMEOUT", "")
+    try:
+        return max(1, round(float(text))) if text and float(text) > 0 else CONNECT_TIMEOUT_SECONDS
+    except ValueError:
+        raise StorageError(f"AUTOTUNE_CONNECT_TIMEOUT must be a number of seconds, got {text!r}") from None
+
+
+def engine_kwargs(url: URL) -> dict[str, Any]:
+    backend = url.get_backend_name()
+    if backend == "sqlite":
         return {"connect_args": {"timeout": busy_timeout()}}
-    return {"pool_pre_ping": True}
+    timeout = _CONNECT_TIMEOUT_ARGUMENT.get(backend)
+    return {"pool_pre_ping": True, "connect_args": {timeout: connect_timeout()} if timeout else {}}
 
 
 @contextlib.contextmanager
@@ -114,7 +145,8 @@ def creation_lock(url: URL) -> Iterator[None]:
     if path is None:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():  # a typo in a path must not create a new, empty database somewhere
+        raise StorageError(f"cannot open the database {path}: the directory {path.parent} does not exist")
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -125,7 +157,7 @@ def creation_lock(url: URL) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _advisory_lock(url: URL) -> Iterator[None]:
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool, **engine_kwargs(url))
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY - 2**63})

@@ -6,6 +6,7 @@ Alembic is imported only when a migration is needed: opening an up-to-date datab
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import sqlalchemy as sa
 from autotune.core.errors import StorageError
 from autotune.storage.schema import HEAD_REVISION, VERSION_TABLE
 
+log = logging.getLogger("autotune.storage")
 MIGRATIONS = Path(__file__).with_name("migrations")
 KNOWN_REVISIONS = ["0001", "0002"]  # in order; the last is HEAD_REVISION
 
@@ -41,12 +43,16 @@ def migrate(engine: sa.Engine, sqlite_file: Path | None) -> None:
             f"the database's autotune schema (revision {revision}) is newer than this autotune knows "
             f"({HEAD_REVISION}): upgrade autotune"
         )
+    backup = None
     if revision is not None and sqlite_file is not None:
         backup = sqlite_file.with_name(
             f"{sqlite_file.name}.backup-{revision}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
         _backup_sqlite(sqlite_file, backup)
     _upgrade(engine)
+    if revision is not None:  # a new database is created, not upgraded: nothing to say
+        kept = f"; the old one is kept at {backup}" if backup is not None else ""
+        log.warning("autotune upgraded its tables from schema %s to %s%s", revision, HEAD_REVISION, kept)
 
 
 def _backup_sqlite(source: Path, target: Path) -> None:

@@ -89,7 +89,7 @@ def open_store(url: str, *, answering: bool = False) -> Store:
     display = database.redact(parsed)
     path = database.sqlite_path(parsed)
     name = str(path) if path is not None else display
-    with _one_line_errors(name):
+    with _one_line_errors(name, parsed.get_backend_name()):
         if answering:
             engine = _engine_if_current(parsed, path)
             if engine is not None:
@@ -116,7 +116,7 @@ def _engine_if_current(parsed: URL, path: Path | None) -> sa.Engine | None:
 def _optuna_storage(parsed: URL, name: str) -> RDBStorage:
     """Optuna's storage of a database opened for answering: built under the creation lock, since Optuna
     creates its tables where they are missing."""
-    with _one_line_errors(name), database.creation_lock(parsed):
+    with _one_line_errors(name, parsed.get_backend_name()), database.creation_lock(parsed):
         return _rdb_storage(parsed)
 
 
@@ -130,9 +130,14 @@ def _rdb_storage(parsed: URL) -> RDBStorage:
 
 
 @contextmanager
-def _one_line_errors(name: str) -> Iterator[None]:
+def _one_line_errors(name: str, backend: str) -> Iterator[None]:
     try:
         yield
+    except ImportError as e:  # SQLAlchemy imports the dialect's driver when it builds the engine
+        fix = database.DRIVER_HINTS.get(backend, f"install the Python package that provides {e.name!r}")
+        raise StorageError(
+            f"cannot open the database {name}: its {backend} driver is not installed: {fix}"
+        ) from e
     except sa.exc.SQLAlchemyError as e:
         raise StorageError(f"cannot open the database {name}: {first_line(e)}") from e
     except RuntimeError as e:  # Optuna: its own schema is older or newer than the installed optuna

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from autotune.core.errors import AutotuneError
+from autotune.trials.interrupts import TrialInterrupted
 
 EXIT_INTERRUPTED = 130
 
@@ -23,8 +24,11 @@ class _Group(click.Group):
                 raise
             click.echo(f"Error: {e}", err=True)
             ctx.exit(e.exit_code)
-        except KeyboardInterrupt:
-            click.echo("Interrupted: the running trial was stopped.", err=True)
+        except KeyboardInterrupt as e:
+            stopped = (
+                "the running trial was stopped" if isinstance(e, TrialInterrupted) else "no trial was running"
+            )
+            click.echo(f"Interrupted: {stopped}.", err=True)
             ctx.exit(EXIT_INTERRUPTED)
 
 

@@ -9,13 +9,27 @@ from pathlib import Path
 
 import platformdirs
 
+from autotune.core.errors import InputError
+
 _counter = itertools.count()
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
-    """``override`` (``--cache-dir`` / ``AUTOTUNE_CACHE_DIR``), else the platform's user cache dir."""
+    """``override`` (``--cache-dir`` / ``AUTOTUNE_CACHE_DIR``), else the platform's user cache dir; created
+    if missing.
+
+    Raises:
+        InputError: it is a file, or cannot be created.
+    """
     path = Path(override) if override else Path(platformdirs.user_cache_dir("autotune", appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(
+            f"the cache dir {path} is a file, not a directory (--cache-dir, AUTOTUNE_CACHE_DIR)"
+        ) from None
+    except OSError as e:
+        raise InputError(f"cannot create the cache dir {path}: {e.strerror}") from None
     return path
 
 

@@ -2,12 +2,20 @@
 workload fingerprint, shared by every budget and every worker.
 
 Workers racing on a new workload lease the probe (key ``workload-<fingerprint>``): one runs it, the others
-wait for its result; a probe whose worker dies is retried once. The probe's trial is instrumented, so its
-peak and speed are stored with the workload, never as a measurement.
+wait for its result, and say what they wait for. The probe's trial is instrumented, so its peak and speed
+are stored with the workload, never as a measurement.
+
+How a probe ends decides what the next run does, so that no workload is ever left with a lease nothing
+can take:
+- Ctrl-C, or a worker that is stopping: the lease is released (queued again, same attempt);
+- its worker died, it timed out, or it could not be started (reasons outside the script): it is retried
+  once, by whichever run or worker comes next;
+- the script failed: the failure is stored, and later runs say so and that ``--force`` runs it again.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -24,7 +32,9 @@ from autotune.trials.result import TrialResult
 from autotune.trials.workload import Workload
 
 POLL_SECONDS = 0.5
+SAY_EVERY_SECONDS = 30.0  # a wait is announced at once, then again this often
 SCRIPT_FAILURE = "script: "  # how a probe lease's note marks the script's own failure
+RERUN = "autotune run --force runs it again"
 
 
 def discover(
@@ -34,7 +44,9 @@ def discover(
     measured once per fingerprint (again with ``spec.force``), or waited for while another worker runs it.
 
     Raises:
-        ScriptError: the probe's trial failed here or on another worker, or its worker died twice.
+        ScriptError: the probe's script failed (now, or in a run whose failure is stored), or the probe
+            failed twice for other reasons.
+        StopRequested: the runner's stop was set while this waited.
     """
     key = f"workload-{workload.fingerprint}"
     if spec.force:
@@ -42,6 +54,7 @@ def discover(
     elif (found := _discovery(store, workload)) is not None:
         return probe_report_from_json(found.get("probe")), 0
     watch = LeaseWatch(grace_seconds())
+    waiting = _Waiting(reporter)
     while True:
         found = _discovery(store, workload)
         if found is not None and not (spec.force and not store.leases(key, (LeaseState.DONE,))):
@@ -51,8 +64,10 @@ def discover(
         )
         if lease is not None:
             return _probe(store, workload, lease, runner, reporter), 1
-        _watch_the_prober(store, key, watch, worker)
-        time.sleep(POLL_SECONDS)
+        running = _after_the_prober(store, key, watch, worker)
+        if running is not None:
+            waiting.say(running)
+        _pause(runner.stop)
 
 
 def _discovery(store: Store, workload: Workload) -> dict[str, Any] | None:
@@ -62,18 +77,63 @@ def _discovery(store: Store, workload: Workload) -> dict[str, Any] | None:
     return row.discovery if row is not None else None
 
 
-def _watch_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) -> None:
-    """While another worker probes: its script's failure is ours too; its death queues the probe once."""
-    for other in store.leases(key):
-        if other.state is LeaseState.FAILED and other.note and other.note.startswith(SCRIPT_FAILURE):
-            raise ScriptError(
-                f"the script's first trial failed on worker {other.worker}: {other.note[len(SCRIPT_FAILURE) :]}"
-            )
+def _after_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) -> Lease | None:
+    """The lease of the probe that another worker is running (None if none is): its death queues the probe
+    once more; a probe that ended without a result and is not queued again is retried once, or its stored
+    failure raised."""
+    leases = store.leases(key)
+    for other in leases:
         why = watch.dead(other) if other.state is LeaseState.RUNNING and other.worker != worker else None
         if why is not None and store.fail_if_silent(other.id, other.beats, why):
-            if other.attempt > 0:
-                raise ScriptError(f"the probe's worker died twice ({why})")
-            store.queue(key, LeaseKind.PROBE, other.batch_size, other.plan, 1, why)
+            _retry_or_raise(store, key, other, why)
+            return None
+    if any(x.state is LeaseState.QUEUED for x in leases):
+        return None  # the next round takes it
+    running = [x for x in leases if x.state is LeaseState.RUNNING]
+    if running:
+        return running[0]
+    last = max(leases, key=lambda x: x.attempt, default=None)
+    if last is not None and last.state is LeaseState.FAILED:
+        _retry_or_raise(store, key, last, last.note or "it failed")
+    return None
+
+
+def _retry_or_raise(store: Store, key: str, lease: Lease, why: str) -> None:
+    """Queue the failed probe's one retry; raise if the script itself failed, or the retry did too."""
+    if why.startswith(SCRIPT_FAILURE):
+        raise ScriptError(
+            f"the script's first trial failed (stored from an earlier run, on worker {lease.worker}): "
+            f"{why[len(SCRIPT_FAILURE) :]}; {RERUN}"
+        )
+    if lease.attempt > 0:
+        raise ScriptError(f"the workload's probe failed twice (last: {why}); {RERUN}")
+    store.queue(key, LeaseKind.PROBE, lease.batch_size, lease.plan, 1, f"retry after: {why}")
+
+
+class _Waiting:
+    """Says what a wait is for, at once and then every SAY_EVERY_SECONDS: nothing waits silently."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.started = time.monotonic()
+        self.said_at: float | None = None
+
+    def say(self, lease: Lease) -> None:
+        now = time.monotonic()
+        if self.said_at is None or now - self.said_at >= SAY_EVERY_SECONDS:
+            self.said_at = now
+            self.reporter.note(
+                f"waiting for worker {lease.worker} to probe this workload (waited {now - self.started:.0f}s; "
+                "its result is shared by every run)"
+            )
+
+
+def _pause(stop: threading.Event | None) -> None:
+    """Wait one poll; a stopping worker's stop ends the wait at once."""
+    if stop is None:
+        time.sleep(POLL_SECONDS)
+    elif stop.wait(POLL_SECONDS):
+        raise StopRequested
 
 
 def _probe(
@@ -82,27 +142,22 @@ def _probe(
     reporter.trial_started(-1, lease.batch_size, "none", "probe")
     try:
         result: TrialResult = runner(lease.batch_size, "none", poll=reporter.trial_progress, probe=True)
-    except StopRequested:
-        store.release(lease.id, "released by a stopping worker")
+    except (StopRequested, KeyboardInterrupt):  # a stop is not a fault: the next run or worker probes
+        store.release(lease.id, "released: its run or worker was stopped")
         raise
-    except BaseException:
-        store.end_lease(lease.id, LeaseState.FAILED, "interrupted")
+    except BaseException as e:
+        store.end_lease(
+            lease.id, LeaseState.FAILED, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        )
         raise
     if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT):
-        error = (result.error or "").strip().splitlines()
-        store.end_lease(
-            lease.id, LeaseState.FAILED, SCRIPT_FAILURE + (error[0] if error else result.outcome.value)
-        )
-        raise ScriptError(
-            f"the script's first trial {result.outcome.value} (logs: {result.log_dir}):\n{result.error}"
-        )
+        _store_failure(store, lease, result)
     discovery = {
         "probe": result.probe.to_json() if result.probe is not None else None,
         "outcome": result.outcome.value,
         "log_dir": result.log_dir,
     }
-    candidates = [c.__dict__ for c in result.candidates or ()]
-    store.set_discovery(workload.fingerprint, candidates, discovery)
+    store.set_discovery(workload.fingerprint, [c.__dict__ for c in result.candidates or ()], discovery)
     store.end_lease(lease.id, LeaseState.DONE)
     if isinstance(result.probe, OrtProbeReport):
         found = f"ORT recompute plans: {len(result.probe.plans)}"
@@ -110,3 +165,15 @@ def _probe(
         found = "repeated modules: " + (", ".join(c.cls for c in result.candidates or ()) or "none found")
     reporter.note(f"probe: batch {lease.batch_size}: {result.outcome.value}; {found}")
     return result.probe
+
+
+def _store_failure(store: Store, lease: Lease, result: TrialResult) -> None:
+    """End the lease of a probe that failed (the script: stored; a timeout: retried once) and raise."""
+    error = (result.error or "").strip().splitlines()
+    first = error[0] if error else result.outcome.value
+    script = result.outcome is Outcome.FAILED
+    store.end_lease(lease.id, LeaseState.FAILED, (SCRIPT_FAILURE if script else "timeout: ") + first)
+    retry = "" if script or lease.attempt > 0 else "; the next run retries it once"
+    raise ScriptError(
+        f"the script's first trial {result.outcome.value} (logs: {result.log_dir}){retry}:\n{result.error}"
+    )

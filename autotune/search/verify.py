@@ -30,6 +30,7 @@ def verify(search: Search, settings: TrialSettings) -> BestRow:
         NoFitError: MAX_VERIFICATIONS configurations failed verification, or none fits.
     """
     while True:
+        search.shield.check()  # a Ctrl-C while another worker verifies: at once, not when it is done
         step, best = verify_step(search, settings)
         if best is not None:
             return best

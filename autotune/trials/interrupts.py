@@ -21,6 +21,11 @@ class StopRequested(BaseException):
     (SIGTERM/SIGINT). A BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it."""
 
 
+class TrialInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a running trial (the launcher raises it once the trial is stopped cleanly); a plain
+    KeyboardInterrupt means no trial was running."""
+
+
 class InterruptShield:
     def __init__(self) -> None:
         self.pending = False

@@ -28,7 +28,7 @@ from autotune.core.errors import TrialError
 from autotune.core.protocol import read_progress
 from autotune.hardware.meters import MemoryMeter, MemoryReading
 from autotune.trials._shim import descendants
-from autotune.trials.interrupts import StopRequested
+from autotune.trials.interrupts import StopRequested, TrialInterrupted
 
 SHIM = Path(__file__).with_name("_shim.py")
 POLL_SECONDS = 0.05
@@ -73,7 +73,7 @@ def run_process(
 
     Raises:
         TrialError: the shim could not be started or left no result.
-        KeyboardInterrupt: after the trial has been stopped cleanly.
+        TrialInterrupted: Ctrl-C, after the trial has been stopped cleanly (a KeyboardInterrupt).
         StopRequested: ``stop`` was set; the trial has been stopped cleanly.
     """
     started = time.monotonic()
@@ -83,6 +83,9 @@ def run_process(
     try:
         with interruptible() if interruptible is not None else nullcontext():
             timed_out = _wait(shim, launch, started, on_poll, stop)
+    except KeyboardInterrupt as e:
+        _stop(shim, launch.grace)
+        raise TrialInterrupted from e
     except BaseException:
         _stop(shim, launch.grace)
         raise

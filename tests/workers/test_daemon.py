@@ -301,6 +301,8 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     assert len(backups) == 1
     with sqlite3.connect(backups[0]) as conn:
         assert conn.execute("SELECT count(*) FROM trials").fetchall() == [(3,)]
+    upgraded = f"autotune upgraded its tables from schema 0001 to 0002; the old one is kept at {backups[0]}"
+    assert upgraded in proc.stderr.decode().splitlines()  # one line says it, with the backup's path
 
 
 def _overlapping(trials: list[optuna.trial.FrozenTrial]) -> bool:

@@ -1,0 +1,121 @@
+"""Storage faults are one line and exit 5 (2 for a bad --cache-dir), never a traceback or a hang, and no
+password appears anywhere, --debug included. Each case below once hung or printed a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import AUTOTUNE, SYNTHETIC
+
+SECRET = "s3cret-pw"
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP server on loopback that accepts connections and never says a word (a hung database)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not done.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    done.set()
+    thread.join()
+    for conn in [*held, server]:
+        conn.close()
+
+
+def autotune(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [AUTOTUNE, *argv], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr
+    return lines[0]
+
+
+def test_a_server_that_never_answers_is_a_one_line_timeout(silent_server: int, tmp_path: Path) -> None:
+    url = f"postgresql://autotune:{SECRET}@127.0.0.1:{silent_server}/autotune"
+    env = {"AUTOTUNE_CONNECT_TIMEOUT": "1"}
+    for argv in (
+        ["studies"],
+        ["best", "--study", "x"],
+        ["run", "--budget", "1GB", "--device", "cpu", str(SYNTHETIC)],
+    ):
+        started = time.monotonic()
+        proc = autotune(*argv, "--storage", url, "--cache-dir", str(tmp_path), env=env)
+        assert time.monotonic() - started < 20, argv  # not the 90 s (or forever) it once waited
+        assert proc.returncode == 5, proc.stderr
+        line = one_line(proc)
+        assert line.startswith(
+            f"Error: cannot open the database postgresql+psycopg://autotune:***@127.0.0.1:{silent_server}"
+        )
+        assert "timeout" in line.lower()
+
+
+def test_a_missing_driver_names_what_installs_it(tmp_path: Path) -> None:
+    proc = autotune("studies", "--storage", f"mysql://autotune:{SECRET}@127.0.0.1/autotune")
+    assert proc.returncode == 5
+    assert one_line(proc) == (
+        "Error: cannot open the database mysql://autotune:***@127.0.0.1/autotune: its mysql driver is not "
+        "installed: pip install pymysql and use mysql+pymysql://"
+    )
+
+
+def test_an_unparseable_url_says_how_to_percent_encode_and_hides_the_password_even_with_debug() -> None:
+    url = f"postgresql://autotune:{SECRET}%{{}}@127.0.0.1:notaport/autotune"
+    proc = autotune("studies", "--storage", url)
+    assert proc.returncode == 5
+    assert "percent-encode characters such as @ : / % { }" in one_line(proc)
+    debug = autotune("--debug", "studies", "--storage", url)
+    assert debug.returncode != 0 and "StorageError" in debug.stderr
+    assert SECRET not in debug.stdout + debug.stderr
+
+
+def test_a_sqlite_path_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "dir"
+    proc = autotune("studies", "--storage", f"sqlite:///{missing / 'x.db'}")
+    assert proc.returncode == 5
+    assert (
+        one_line(proc)
+        == f"Error: cannot open the database {missing / 'x.db'}: the directory {missing} does not exist"
+    )
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    file = tmp_path / "a-file"
+    file.write_text("")
+    for argv in (["studies"], ["run", "--budget", "1GB", str(SYNTHETIC)]):
+        proc = autotune(*argv, "--cache-dir", str(file))
+        assert proc.returncode == 2
+        assert (
+            one_line(proc)
+            == f"Error: the cache dir {file} is a file, not a directory (--cache-dir, AUTOTUNE_CACHE_DIR)"
+        )
