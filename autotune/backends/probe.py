@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from autotune.backends import ort_plans
 from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
+from autotune.core.errors import InputError
 from autotune.core.plans import OP_KINDS, ModuleRule, OpPolicy, Plan, parse_plan
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
@@ -137,6 +138,28 @@ def operator_plans(data: ProbeReport) -> tuple[str, ...]:
     if isinstance(data, OrtProbeReport):
         return ()
     return tuple(f"{c.cls}:1/{SELECTIVE}" for c in data.candidates if c.outermost)
+
+
+def check_plans(plans: tuple[str, ...] | None, data: ProbeReport | None) -> None:
+    """Refuse, before any measured trial, a torch plan naming a module class the probe did not find.
+
+    Raises:
+        InputError: naming the class and the model's candidates.
+    """
+    if not plans or not isinstance(data, TorchProbeReport):
+        return  # nothing to check against: ORT plans, or a script that trained no torch module
+    known = {c.cls: c.count for c in data.candidates}
+    for plan in plans:
+        for rule in parse_plan(plan).rules:
+            if rule.cls not in known:
+                listed = (
+                    ", ".join(f"{cls} x{count}" for cls, count in known.items())
+                    or "none (no repeated modules)"
+                )
+                raise InputError(
+                    f"plan {plan!r} names {rule.cls}, not a repeated module class of this model; "
+                    f"candidates: {listed} (autotune probe lists them)"
+                )
 
 
 def _row(

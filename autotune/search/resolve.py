@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from autotune.backends.probe import saving_per_sample
+from autotune.backends.probe import check_plans, saving_per_sample
 from autotune.backends.probe_report import ProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
@@ -26,6 +26,7 @@ from autotune.search.reporting import Reporter
 from autotune.search.runner import TrialRunner
 from autotune.search.space import SearchSpace, build_space
 from autotune.search.spec import TuneResult, TuneSpec
+from autotune.search.study import check_ours
 from autotune.storage import BestRow, Store, StudyRow, open_store
 from autotune.trials.workload import Workload, workload_of
 
@@ -109,7 +110,10 @@ def resolve(
         environ,
         stop,
     )
+    if spec.study is not None:
+        check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
+    check_plans(spec.plans, probe)  # before any measured trial
     space = build_space(spec.batch_sizes, spec.plans, probe)
     row = _study_row(spec, workload, limit, space)
     return ResolvedJob(

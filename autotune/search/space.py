@@ -21,6 +21,7 @@ from autotune.core.errors import InputError
 from autotune.core.plans import Backend, parse_plan
 
 DEFAULT_MAX_BATCH = 65536
+MAX_BATCH_SIZE = 2**31 - 1  # what every database's integer columns (and Optuna's params) hold
 RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated class
 
 
@@ -51,6 +52,13 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...]:
     """
     if text is None:
         return ladder(1, DEFAULT_MAX_BATCH)
+    sizes = _parse_batch_sizes(text)
+    if sizes[-1] > MAX_BATCH_SIZE:
+        raise InputError(f"invalid batch sizes {text!r}: at most {MAX_BATCH_SIZE}, got {sizes[-1]}")
+    return sizes
+
+
+def _parse_batch_sizes(text: str) -> tuple[int, ...]:
     spec = text.strip()
     if match := re.fullmatch(r"(\d+)\s*-\s*(\d+)", spec, re.ASCII):
         low, high = int(match[1]), int(match[2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import optuna
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import InputError, StorageError
 from autotune.core.protocol import Outcome
 from autotune.search.optuna_trials import distributions, records_of
 from autotune.search.records import TrialKind, TrialRecord, constraint_mib
@@ -19,15 +19,19 @@ def open_study(store: Store, row: StudyRow, seed: int | None, limit: int) -> opt
     """The study named by ``row``: resumed if it exists for the same job, else created and warm-started.
 
     Raises:
-        StorageError: a study of that name belongs to another job, or is not an autotune study.
+        StorageError: a study of that name belongs to another job.
+        InputError: a study of that name exists and autotune did not create it.
     """
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=SAMPLER_STARTUP_TRIALS)
     existing = store.study(row.study_name)
     if existing is not None and existing.study_key != row.study_key:
         raise StorageError(
             f"study {row.study_name!r} belongs to another job (different script, device, budget or "
             "search space): choose another --study or drop --study"
         )
+    if existing is None:
+        check_ours(store, row.study_name)
+        store.add_study(row)  # before Optuna's study: an Optuna study without this row is someone else's
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=SAMPLER_STARTUP_TRIALS)
     study = optuna.create_study(
         storage=store.optuna,
         study_name=row.study_name,
@@ -35,12 +39,28 @@ def open_study(store: Store, row: StudyRow, seed: int | None, limit: int) -> opt
         sampler=sampler,
         load_if_exists=True,
     )
-    if study.direction != optuna.study.StudyDirection.MAXIMIZE:
-        raise StorageError(f"study {row.study_name!r} exists and minimizes: it is not an autotune study")
     if existing is None:
-        store.add_study(row)
         _warm_start(study, store, row, limit)
     return study
+
+
+def check_ours(store: Store, name: str) -> None:
+    """Refuse a study name that an Optuna study of the database has and autotune's tables do not: a user's
+    own study, which autotune must never write to.
+
+    Raises:
+        InputError: naming the study.
+    """
+    if store.study(name) is not None:
+        return
+    try:
+        store.optuna.get_study_id_from_name(name)
+    except KeyError:
+        return
+    raise InputError(
+        f"study {name!r} in {store.display_url} was not created by autotune, which never writes to it: "
+        "choose another --study"
+    )
 
 
 def _warm_start(study: optuna.Study, store: Store, row: StudyRow, limit: int) -> None:

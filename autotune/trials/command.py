@@ -46,10 +46,13 @@ class TrialCommand:
                 "no training script given: autotune measure SCRIPT [-- ARGS] or -- COMMAND {batch_size}"
             )
         words = tuple(words)
+        if Path(words[0]).is_dir():
+            raise InputError(f"{words[0]} is a directory: give the training script (train.py) or a command")
         if words[0].endswith(".py"):
             if not Path(words[0]).is_file():
                 raise InputError(f"script not found: {words[0]}")
             return cls(words, is_template=False)
+        _check_program(words[0])
         command = cls(words, is_template=True)
         command.argv(1)  # validates the template once, here
         return command
@@ -88,6 +91,20 @@ class TrialCommand:
 
     def __str__(self) -> str:
         return " ".join(self.words)
+
+
+def _check_program(program: str) -> None:
+    """A command template's program must be one a trial can start: an executable file, or on the PATH."""
+    if os.sep in program or Path(program).is_file():
+        path = Path(program)
+        if not path.is_file():
+            raise InputError(f"{program}: no such file")
+        if not os.access(path, os.X_OK):
+            raise InputError(
+                f"{program} is not executable: chmod +x it, or name its interpreter (python {program})"
+            )
+    elif shutil.which(program) is None:
+        raise InputError(f"{program}: command not found on the PATH")
 
 
 def _same_interpreter(program: str) -> bool:
