@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean postgres-server
+.PHONY: venv demo test test-scale lint clean postgres-server
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,12 +28,17 @@ postgres-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	else echo "no PostgreSQL server binaries: the PostgreSQL tests will be skipped (apt-get install postgresql)"; fi
 
-# Tests on two pytest-xdist workers (TEST_WORKERS=0: in this process). No test compares speeds: those are
-# benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest exits 5 when it
-# collects no test (a `-k` that matches nothing): we say so and pass.
+# Tests on two pytest-xdist workers (TEST_WORKERS=0: in this process), all but the `scale` ones (dozens of
+# worker processes for minutes: `make test-scale`, CI's second phase, runs them alone). No test compares
+# speeds: those are benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest
+# exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2
 test: $(STAMP) postgres-server
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+test-scale: $(STAMP) postgres-server
+	$(BIN)/python -m pytest -m scale $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 # ruff (lint and format) and mypy over the package (storage/ included, as autotune/storage).

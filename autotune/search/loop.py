@@ -172,7 +172,11 @@ class Search:
     ) -> bool:
         """Record a sampler proposal that need not run: a configuration measured already (``copy``), or one
         the model predicts over the limit by more than SKIP_MARGIN (``skipped``)."""
-        same = next((r for r in records if (r.batch_size, r.plan) == (batch, plan) and r.counted), None)
+        # Only a finished trial is copied: another worker's trial may be half told (its outcome stored, its
+        # peak not yet), and a copy of that was once stored as FAIL with outcome "complete".
+        same = next(
+            (r for r in records if (r.batch_size, r.plan) == (batch, plan) and r.counted and r.finished), None
+        )
         predicted = model.predict(batch, plan)
         if same is not None:
             trial.set_user_attr("kind", TrialKind.COPY.value)

@@ -69,6 +69,11 @@ class TrialRecord:
         return self.kind is TrialKind.MEASURED and self.outcome is not None
 
     @property
+    def finished(self) -> bool:
+        """Told: its attributes are all stored (a RUNNING trial's may be half written by another worker)."""
+        return self.state in ("COMPLETE", "FAIL", "PRUNED")
+
+    @property
     def measured(self) -> bool:
         """Its peak is a measurement (a complete or out-of-memory trial, here or for another budget)."""
         return self.outcome in (Outcome.COMPLETE, Outcome.OOM) and self.peak_bytes is not None

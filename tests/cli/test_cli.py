@@ -92,9 +92,9 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, args, message) -> No
 def test_a_missing_script_and_a_missing_command_are_one_line(tmp_path) -> None:
     result = measure_cli(tmp_path, "nope.py", "-b", "1")
     assert (result.exit_code, result.output.strip()) == (2, "Error: script not found: nope.py")
-    result = measure_cli(tmp_path, "-b", "1", "--", "no-such-program-xyz")
-    assert result.exit_code == 1
-    assert "cannot start 'no-such-program-xyz'" in result.output
+    result = measure_cli(tmp_path, "-b", "1", "--", "no-such-program-xyz")  # refused before a trial (#20)
+    assert (result.exit_code, result.output.strip()) == (2, "Error: no-such-program-xyz: command not found on the PATH")
+    assert not (tmp_path / "trials").exists()
 
 
 def test_command_template_substitutes_the_batch_size_and_injects_the_harness(tmp_path) -> None:
