@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from autotune.core.errors import StorageError
 from autotune.storage import schema
 from autotune.storage.base import Tables, now
 from autotune.storage.rows import BestRow, StudyRow, WorkloadRow
@@ -29,21 +30,17 @@ class StudyTables(Tables):
         self, fingerprint: str, script: str, command: str, device: str, details: dict[str, Any]
     ) -> None:
         """Record a workload once (a second call for the same fingerprint changes nothing)."""
-        with self._connect(write=True) as conn:
-            exists = conn.execute(
-                sa.select(schema.workloads.c.fingerprint).where(schema.workloads.c.fingerprint == fingerprint)
-            ).first()
-            if not exists:
-                conn.execute(
-                    sa.insert(schema.workloads).values(
-                        fingerprint=fingerprint,
-                        script=script,
-                        command=command,
-                        device=device,
-                        details=details,
-                        created_at=now(),
-                    )
-                )
+        if self.workload(fingerprint) is not None:
+            return
+        values = dict(
+            fingerprint=fingerprint,
+            script=script,
+            command=command,
+            device=device,
+            details=details,
+            created_at=now(),
+        )
+        self._insert_once(sa.insert(schema.workloads).values(**values))
 
     def set_discovery(
         self, fingerprint: str, candidates: list[dict[str, Any]], discovery: dict[str, Any]
@@ -57,22 +54,22 @@ class StudyTables(Tables):
             )
 
     def add_study(self, row: StudyRow) -> None:
-        with self._connect(write=True) as conn:
-            exists = conn.execute(
-                sa.select(schema.studies.c.study_name).where(schema.studies.c.study_name == row.study_name)
-            ).first()
-            if not exists:
-                conn.execute(
-                    sa.insert(schema.studies).values(
-                        study_name=row.study_name,
-                        fingerprint=row.fingerprint,
-                        study_key=row.study_key,
-                        budget_bytes=row.budget_bytes,
-                        headroom=row.headroom,
-                        space=row.space,
-                        created_at=now(),
-                    )
-                )
+        """Record a study once (a second call for the same name changes nothing)."""
+        if self.study(row.study_name) is not None:
+            return
+        values = {k: v for k, v in row.__dict__.items() if k != "script"}
+        self._insert_once(sa.insert(schema.studies).values(**values, created_at=now()))
+
+    def _insert_once(self, insert: sa.Insert) -> None:
+        """Insert a row that several workers may insert at once: the database's unique key lets one win,
+        and the others find their row there (a check before the insert cannot settle it: two workers
+        both saw no workload and the second died on the key, with 32 workers on SQLite)."""
+        try:
+            with self._connect(write=True) as conn:
+                conn.execute(insert)
+        except StorageError as e:
+            if not isinstance(e.__cause__, sa.exc.IntegrityError):
+                raise
 
     def studies(self, fingerprint: str | None = None) -> list[StudyRow]:
         """Every study (of one workload), oldest first."""
