@@ -1,8 +1,11 @@
-"""Worker soak: one `autotune worker` runs N real subprocess trials (default 500) spread over J submitted
-jobs (default 20, each its own workload, 25 batch sizes x a few plans); its open file descriptors, RSS and
-zombie children are sampled from outside as the trials land.
+"""Soaks: one long-lived tuner process runs N real subprocess trials (default 500); its open file
+descriptors, RSS and zombie children are sampled from outside as the trials land.
 
-    .venv/bin/python bench/soak.py [TRIALS] [JOBS] [sqlite|postgresql://...]
+    .venv/bin/python bench/soak.py [TRIALS] [JOBS] [sqlite|postgresql://...]    # a worker, J jobs (20)
+    .venv/bin/python bench/soak.py --run [TRIALS]                                # one `autotune run`
+
+The worker soak spreads the trials over J submitted jobs (each its own workload, 25 batch sizes x a few
+plans); the run soak is one `autotune run` whose study holds them all.
 
 Prints the figures at 10% of the trials and at the end, and their ratios (RELIABILITY.md: stable
 within 5%). tests/test_daemon.py runs the same soak with fewer trials.
@@ -59,28 +62,57 @@ def soak(
         _, err = proc.communicate(timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"autotune submit failed: {err.strip()}")
-    started = time.monotonic()
     worker = subprocess.Popen(
         [AUTOTUNE, "worker", "--once", "--devices", "cpu", "--storage", storage, "--cache-dir", str(cache)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    return _sampled(worker, cache)
+
+
+def run_soak(trials: int, cache: Path) -> tuple[list[Sample], float, int]:
+    """One `autotune run` of ``trials`` counted trials (a space of twice as many configurations, so the
+    sampler rarely proposes one measured already); returns its samples, seconds and exit code."""
+    batches, plans = space_for(2 * trials)
+    argv = [
+        AUTOTUNE,
+        "run",
+        "--budget",
+        "2GiB",
+        "--trials",
+        str(trials),
+        "--study",
+        "run-soak",
+        "--device",
+        "cpu",
+    ]
+    argv += ["--plans", plans, "--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1"]
+    argv += ["--cache-dir", str(cache), str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
+    argv += ["--step-seconds", "0.01"]
+    return _sampled(
+        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), cache
+    )
+
+
+def _sampled(tuner: subprocess.Popen[str], cache: Path) -> tuple[list[Sample], float, int]:
+    """Sample ``tuner`` each time a trial report lands under ``cache`` until it exits."""
+    started = time.monotonic()
     samples: list[Sample] = []
     seen = 0
     trials_dir = cache / "trials"
-    while worker.poll() is None:
+    while tuner.poll() is None:
         done = (
             sum(1 for d in trials_dir.iterdir() if (d / "report.json").exists()) if trials_dir.exists() else 0
         )
         if done > seen:
             seen = done
-            sample = _sample(worker.pid, done)
+            sample = _sample(tuner.pid, done)
             if sample is not None:
                 samples.append(sample)
         time.sleep(0.05)
-    worker.stderr.read()  # type: ignore[union-attr]
-    return samples, time.monotonic() - started, worker.returncode
+    tuner.stderr.read()  # type: ignore[union-attr]
+    return samples, time.monotonic() - started, tuner.returncode
 
 
 def space_for(trials: int) -> tuple[str, str]:
@@ -115,16 +147,19 @@ def steady(samples: list[Sample], total: int) -> tuple[Sample, Sample]:
 
 
 def main() -> None:
-    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 500
-    jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-    storage = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "sqlite" else None
+    args = sys.argv[1:]
+    run = bool(args) and args[0] == "--run"
+    args = args[1:] if run else args
+    trials = int(args[0]) if args else 500
+    jobs = int(args[1]) if len(args) > 1 else 20
+    storage = args[2] if len(args) > 2 and args[2] != "sqlite" else None
     with tempfile.TemporaryDirectory() as tmp:
-        samples, seconds, code = soak(trials, Path(tmp), storage, jobs)
+        samples, seconds, code = (
+            run_soak(trials, Path(tmp)) if run else soak(trials, Path(tmp), storage, jobs)
+        )
     early, last = steady(samples, trials)
-    print(
-        f"worker soak: {trials} trials in {jobs} job(s), {seconds:.0f} s "
-        f"({seconds / trials * 1000:.0f} ms a trial), exit {code}"
-    )
+    what = "run soak: one `autotune run`," if run else f"worker soak: {jobs} job(s),"
+    print(f"{what} {trials} trials, {seconds:.0f} s ({seconds / trials * 1000:.0f} ms a trial), exit {code}")
     print(
         f"  at {early.trials:4d} trials: {early.fds} fds, RSS {early.rss_kib / 1024:.1f} MiB, {early.zombies} zombies"
     )

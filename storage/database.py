@@ -94,6 +94,20 @@ def sqlite_path(url: URL) -> Path | None:
     return Path(url.database).expanduser().resolve()
 
 
+def read_only(path: Path) -> bool:
+    """Whether an existing SQLite file lies on storage this process cannot write (a read-only mount or
+    directory): WAL's shared-memory file and the creation lock could not be made there."""
+    return path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def read_only_url(path: Path) -> URL:
+    """SQLite's read-only, immutable open of ``path``: no lock, no -wal or -shm file (nothing writes to
+    read-only storage, so nothing can change under the reader)."""
+    return URL.create(
+        "sqlite", database=f"file:{path}", query={"mode": "ro", "immutable": "1", "uri": "true"}
+    )
+
+
 def busy_timeout() -> float:
     """Seconds SQLite waits for a lock: BUSY_TIMEOUT_SECONDS, or AUTOTUNE_BUSY_TIMEOUT."""
     text = os.environ.get("AUTOTUNE_BUSY_TIMEOUT", "")

@@ -90,6 +90,8 @@ def open_store(url: str, *, answering: bool = False) -> Store:
     path = database.sqlite_path(parsed)
     name = str(path) if path is not None else display
     with _one_line_errors(name, parsed.get_backend_name()):
+        if answering and path is not None and database.read_only(path):
+            return _read_only_store(path, display, name)
         if answering:
             engine = _engine_if_current(parsed, path)
             if engine is not None:
@@ -111,6 +113,24 @@ def _engine_if_current(parsed: URL, path: Path | None) -> sa.Engine | None:
         return engine
     engine.dispose()
     return None
+
+
+def _read_only_store(path: Path, display: str, name: str) -> Store:
+    """A SQLite database on read-only storage, opened read-only (no creation lock, no WAL write): answers
+    only, from a schema that is current.
+
+    Raises:
+        StorageError: its schema is older or missing (it would have to be written to upgrade).
+    """
+    url = database.read_only_url(path)
+    engine = sa.create_engine(url, **database.engine_kwargs(url))
+    if current_revision(engine) != schema.HEAD_REVISION:
+        engine.dispose()
+        raise StorageError(
+            f"database {name} is read-only and its autotune tables are not current: open it once where it "
+            "can be written (autotune studies upgrades it)"
+        )
+    return Store(engine, display, lambda: _rdb_storage(url))
 
 
 def _optuna_storage(parsed: URL, name: str) -> RDBStorage:

@@ -93,7 +93,10 @@ def test_a_missing_script_and_a_missing_command_are_one_line(tmp_path) -> None:
     result = measure_cli(tmp_path, "nope.py", "-b", "1")
     assert (result.exit_code, result.output.strip()) == (2, "Error: script not found: nope.py")
     result = measure_cli(tmp_path, "-b", "1", "--", "no-such-program-xyz")  # refused before a trial (#20)
-    assert (result.exit_code, result.output.strip()) == (2, "Error: no-such-program-xyz: command not found on the PATH")
+    assert (result.exit_code, result.output.strip()) == (
+        2,
+        "Error: no-such-program-xyz: command not found on the PATH",
+    )
     assert not (tmp_path / "trials").exists()
 
 

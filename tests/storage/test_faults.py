@@ -119,3 +119,32 @@ def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
             one_line(proc)
             == f"Error: the cache dir {file} is a file, not a directory (--cache-dir, AUTOTUNE_CACHE_DIR)"
         )
+
+
+def test_a_database_on_read_only_storage_still_answers(tmp_path: Path) -> None:
+    """Results on read-only shared storage: best, studies and show read a SQLite database through a
+    read-only bind mount (they once failed: "attempt to write a readonly database", WAL's writes)."""
+    cache, mounted = tmp_path / "cache", tmp_path / "ro"
+    mounted.mkdir()
+    args = ["--", "--base-mib", "8", "--step-seconds", "0.01"]
+    tuned = autotune(
+        "run", "--budget", "1GiB", "--trials", "2", "--plans", "none", "--batch-sizes", "1-4", "--steps", "1",
+        "--warmup-steps", "1", "--device", "cpu", "--study", "ro", "--cache-dir", str(cache), str(SYNTHETIC), *args,
+    )  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    answers = " && ".join(
+        [
+            f"mount --bind -o ro {cache} {mounted}",
+            f"touch {mounted}/probe-write 2>/dev/null && exit 99 || true",  # the mount must be read-only
+            f"{AUTOTUNE} best --study ro --json --cache-dir {mounted}",
+            f"{AUTOTUNE} best --budget 512MiB --device cpu --json --cache-dir {mounted} {SYNTHETIC} {' '.join(args)}",
+            f"{AUTOTUNE} studies --cache-dir {mounted}",
+            f"{AUTOTUNE} show ro --cache-dir {mounted}",
+        ]
+    )
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", answers], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission denied" in proc.stderr.lower():
+        pytest.skip(f"no read-only bind mount here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert '"verified": true' in proc.stdout and '"verified": false' in proc.stdout  # stored, and from trials
+    assert f"study ro: {SYNTHETIC}, budget 1.00 GiB" in proc.stdout  # show's header, after studies' table
