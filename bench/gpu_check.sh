@@ -14,7 +14,7 @@ python3 -c "import sys, torch; print('python', sys.version.split()[0], '| torch'
 autotune doctor
 
 echo "== tests: devices and NVML, real NVML included (run from /tmp: the installed package, not the checkout)"
-(cd /tmp && python3 -m pytest -q -p no:cacheprovider -o addopts="" "$repo/tests/test_devices_and_nvml.py" 2>&1 | tail -3)
+(cd /tmp && python3 -m pytest -q -p no:cacheprovider -o addopts="" "$repo/tests/hardware/test_devices_and_nvml.py" 2>&1 | tail -3)
 
 echo "== autotune measure --device cuda examples/gpt.py -b 64: NVML peak (whole process, CUDA context included) vs torch's counters"
 for plan in none all "Block:1/save=attention+matmul"; do

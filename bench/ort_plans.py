@@ -7,7 +7,7 @@ with ORT's predicted saving of each cluster plan beside them.
 
 Peaks are ORT's default behaviour, CPU arena on (what a user's training gets); a plan's measured saving
 then includes arena fragmentation ORT's prediction leaves out (docs/architecture.md, "ONNX Runtime
-backend"). tests/test_ort.py compares prediction and measurement with the arena off.
+backend"). tests/backends/test_ort.py compares prediction and measurement with the arena off.
 """
 
 from __future__ import annotations

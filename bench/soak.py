@@ -8,7 +8,7 @@ The worker soak spreads the trials over J submitted jobs (each its own workload,
 plans); the run soak is one `autotune run` whose study holds them all.
 
 Prints the figures at 10% of the trials and at the end, and their ratios (RELIABILITY.md: stable
-within 5%). tests/test_daemon.py runs the same soak with fewer trials.
+within 5%). tests/workers/test_daemon.py runs the same soak with fewer trials.
 
 Many jobs is a daemon's life, and what tells a leak (memory kept per trial or per job) from the data of
 the study being tuned: Optuna holds every trial of an open study in memory (its sampler reads them all),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -125,6 +126,11 @@ class NvmlMeter(_Sampler):
     """GPU memory of a trial: the device's used memory (NVML v2 struct) above its level before the trial."""
 
     PROCESS_EVERY = 25  # the process list costs ~4.5 ms a call: attribute at 4 Hz, not 100 Hz
+    # After a trial (a killed one above all) the driver may free its memory a moment after the process is
+    # gone; the next trial's baseline would then include it and its peak read too low. So a stop waits,
+    # up to SETTLE_SECONDS, for the device to come back within SETTLE_BYTES of the level before the trial.
+    SETTLE_SECONDS = 10.0
+    SETTLE_BYTES = 32 * 2**20
 
     def __init__(self, nvml: Any, handle: Any, interval: float = 0.01) -> None:
         super().__init__(interval)
@@ -159,6 +165,20 @@ class NvmlMeter(_Sampler):
             note = "NVML listed no process of the trial (PIDs of another namespace?); the device must be idle"
         elif self._foreign_pids:
             note = f"other processes used the device during the trial: {sorted(self._foreign_pids)}"
+        else:
+            note = self._settle()
         return MemoryReading(
             max(self._peak - self._baseline, 0), "nvml", self.samples, max(len(self._trial_pids), 1), note
         )
+
+    def _settle(self) -> str | None:
+        """Wait until the device is back at its level before the trial; a note if it does not come back."""
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        while (above := self._used() - self._baseline) > self.SETTLE_BYTES:
+            if time.monotonic() > deadline:
+                return (
+                    f"the device stayed {above / 2**20:.0f} MiB above its level before the trial for "
+                    f"{self.SETTLE_SECONDS:g}s after it ended: the next trial's peak is measured from there"
+                )
+            time.sleep(0.05)
+        return None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import MeasureSpec, measure
 from autotune.trials.settings import TrialSettings
 
-from conftest import SCRIPTS, MiB, in_a_fresh_interpreter
+from conftest import EXAMPLES, SCRIPTS, MiB, in_a_fresh_interpreter
 from fake_nvml import FakeGpu, FakeNvml, NVMLError
 
 
@@ -256,3 +258,116 @@ def test_gpu_count_is_zero_without_nvml_and_an_nvml_failure_is_reported(fake) ->
 
     with pytest.raises(DeviceError, match="NVML cannot count the GPUs: Unknown Error"):
         gpu_count({}, lambda: Broken())
+
+
+def test_the_meter_waits_for_the_device_to_come_back_before_the_next_trial(fake, tmp_path) -> None:
+    """FAKE NVML (no GPU here): the driver frees a killed trial's memory a moment after the process is
+    gone. The meter's stop waits for it, so the next trial's baseline is the idle device; memory that
+    never comes back is noted, after the settle time."""
+    gpu = fake.nvmlDeviceGetHandleByIndex(0)
+    meter = NvmlMeter(fake, gpu)
+    for frees_after in (0.5, None):
+        proc = _holder(gpu.usage_file, 100)
+        meter.start(partial(descendants, proc.pid))
+        proc.wait()
+        gpu.idle_used += 300 * MiB  # still held by the driver after the trial's exit
+        if frees_after is not None:
+            threading.Timer(frees_after, lambda: setattr(gpu, "idle_used", gpu.idle_used - 300 * MiB)).start()
+        else:
+            meter.SETTLE_SECONDS = 0.3
+        stopping = time.monotonic()
+        reading = meter.stop(0)
+        waited = time.monotonic() - stopping
+        assert reading.peak_bytes == 100 * MiB
+        if frees_after is not None:
+            assert frees_after - 0.1 < waited < frees_after + 2 and reading.note is None
+        else:
+            assert 0.3 <= waited < 2
+            assert reading.note is not None and reading.note.startswith("the device stayed 300 MiB above")
+
+
+def _real_nvml() -> None:
+    from autotune.hardware.nvml import load_nvml
+
+    try:
+        load_nvml()
+    except DeviceError as e:
+        pytest.skip(f"no GPU here: {e}")
+
+
+@pytest.mark.gpu
+def test_a_cuda_out_of_memory_is_classified_oom(tmp_path) -> None:
+    _real_nvml()
+    script = tmp_path / "too_big.py"
+    script.write_text(
+        "import torch, autotune\nautotune.step()\nx = torch.empty(2**50, dtype=torch.uint8, device='cuda')\n"
+    )
+    spec = MeasureSpec(
+        TrialCommand.parse([str(script)]),
+        1,
+        device="cuda",
+        settings=TrialSettings(1, 3, 120, 300),
+        cache_dir=tmp_path / "cache",
+    )
+    result = measure(spec, dict(os.environ))
+    assert (result.outcome, result.memory_method) == (Outcome.OOM, "nvml")
+
+
+@pytest.mark.gpu
+def test_after_a_killed_trial_the_next_starts_from_the_idle_device(tmp_path) -> None:
+    """A trial holding 2 GiB is killed at its timeout; the next trial (holding 1 GiB) reads 1 GiB plus its
+    CUDA context, not less: the baseline it was measured from is the idle device again."""
+    _real_nvml()
+    hog = tmp_path / "hog.py"
+    hog.write_text(
+        "import time, torch\nx = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda')\ntime.sleep(600)\n"
+    )
+    held = tmp_path / "held.py"
+    held.write_text(
+        "import torch, autotune\nx = torch.empty(2**30, dtype=torch.uint8, device='cuda')\n"
+        "for _ in range(10**9):\n    x.add_(1)\n    autotune.step()\n"
+    )
+    killed = measure(
+        MeasureSpec(
+            TrialCommand.parse([str(hog)]),
+            1,
+            device="cuda",
+            settings=TrialSettings(1, 1, 20, 20),
+            cache_dir=tmp_path / "cache",
+        ),
+        dict(os.environ),
+    )
+    assert killed.outcome is Outcome.TIMEOUT
+    after = measure(
+        MeasureSpec(
+            TrialCommand.parse([str(held)]),
+            1,
+            device="cuda",
+            settings=TrialSettings(1, 3, 120, 300),
+            cache_dir=tmp_path / "cache",
+        ),
+        dict(os.environ),
+    )
+    assert after.outcome is Outcome.COMPLETE and after.memory_note is None
+    assert 1024 * MiB + 200 * MiB < after.peak_bytes < 1024 * MiB + 2048 * MiB
+
+
+@pytest.mark.gpu
+def test_nvml_and_torch_s_counters_agree_on_three_batch_sizes(tmp_path) -> None:
+    """NVML's whole-process peak minus torch's reserved peak is the CUDA context and library workspaces:
+    the same at every batch size (RELIABILITY.md: within 256 MiB), never negative."""
+    _real_nvml()
+    example = EXAMPLES / "gpt.py"
+    overheads = []
+    for batch in (8, 32, 128):
+        spec = MeasureSpec(
+            TrialCommand.parse([str(example)]),
+            batch,
+            device="cuda",
+            settings=TrialSettings(2, 5, 300, 600),
+            cache_dir=tmp_path / "cache",
+        )
+        result = measure(spec, dict(os.environ))
+        assert result.outcome is Outcome.COMPLETE and result.torch_peak_reserved is not None
+        overheads.append(result.peak_bytes - result.torch_peak_reserved)
+    assert min(overheads) > 0 and max(overheads) - min(overheads) < 256 * MiB, overheads
