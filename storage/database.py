@@ -201,7 +201,18 @@ def prepare_sqlite(path: Path) -> None:
             if not network:
                 conn.execute("PRAGMA journal_mode=WAL").fetchone()
     except sqlite3.DatabaseError as e:
-        raise StorageError(f"cannot open the database {path}: {e}") from e
+        raise StorageError(f"cannot open the database {path}: {e}{backup_hint(path)}") from e
+
+
+def backup_hint(path: Path) -> str:
+    """For a damaged SQLite file: where autotune's newest backup of it is (kept before each schema
+    upgrade), or nothing if there is none."""
+    backups = sorted(path.parent.glob(f"{path.name}.backup-*"), key=lambda p: p.stat().st_mtime)
+    return (
+        f"; autotune's newest backup of it is {backups[-1]} (copy it over the file to restore)"
+        if backups
+        else ""
+    )
 
 
 def filesystem_type(path: Path) -> str:

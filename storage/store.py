@@ -3,6 +3,7 @@ database; and ``open_store``, which creates or migrates that database safely."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -159,7 +160,9 @@ def _one_line_errors(name: str, backend: str) -> Iterator[None]:
             f"cannot open the database {name}: its {backend} driver is not installed: {fix}"
         ) from e
     except sa.exc.SQLAlchemyError as e:
-        raise StorageError(f"cannot open the database {name}: {first_line(e)}") from e
+        damaged = backend == "sqlite" and isinstance(getattr(e, "orig", None), sqlite3.DatabaseError)
+        hint = database.backup_hint(Path(name)) if damaged else ""
+        raise StorageError(f"cannot open the database {name}: {first_line(e)}{hint}") from e
     except RuntimeError as e:  # Optuna: its own schema is older or newer than the installed optuna
         raise StorageError(f"database {name}: {first_line(e)}") from e
     except OSError as e:

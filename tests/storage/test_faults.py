@@ -148,3 +148,16 @@ def test_a_database_on_read_only_storage_still_answers(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert '"verified": true' in proc.stdout and '"verified": false' in proc.stdout  # stored, and from trials
     assert f"study ro: {SYNTHETIC}, budget 1.00 GiB" in proc.stdout  # show's header, after studies' table
+
+
+def test_a_damaged_file_names_the_backup_autotune_kept(tmp_path: Path) -> None:
+    backup = tmp_path / "autotune.db.backup-0001-20261101-120000"
+    backup.write_bytes(b"")
+    (tmp_path / "autotune.db").write_bytes(b"this is not a database" * 100)
+    for argv in (["studies"], ["run", "--budget", "1GB", str(SYNTHETIC)]):
+        proc = autotune(*argv, "--cache-dir", str(tmp_path))
+        assert proc.returncode == 5
+        assert one_line(proc) == (
+            f"Error: cannot open the database {tmp_path / 'autotune.db'}: file is not a database; autotune's "
+            f"newest backup of it is {backup} (copy it over the file to restore)"
+        )
