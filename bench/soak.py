@@ -62,13 +62,10 @@ def soak(
         _, err = proc.communicate(timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"autotune submit failed: {err.strip()}")
-    worker = subprocess.Popen(
+    return _sampled(
         [AUTOTUNE, "worker", "--once", "--devices", "cpu", "--storage", storage, "--cache-dir", str(cache)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        cache,
     )
-    return _sampled(worker, cache)
 
 
 def run_soak(trials: int, cache: Path) -> tuple[list[Sample], float, int]:
@@ -95,8 +92,11 @@ def run_soak(trials: int, cache: Path) -> tuple[list[Sample], float, int]:
     )
 
 
-def _sampled(tuner: subprocess.Popen[str], cache: Path) -> tuple[list[Sample], float, int]:
-    """Sample ``tuner`` each time a trial report lands under ``cache`` until it exits."""
+def _sampled(argv: list[str], cache: Path) -> tuple[list[Sample], float, int]:
+    """Start the tuner ``argv`` and sample it each time a trial report lands under ``cache`` until it exits.
+    Its output goes to <cache>/tuner.log (a pipe nobody reads while it runs would fill and stop it)."""
+    log = open(cache / "tuner.log", "w")  # noqa: SIM115  (closed when the tuner has exited)
+    tuner = subprocess.Popen(argv, stdout=log, stderr=log, text=True)
     started = time.monotonic()
     samples: list[Sample] = []
     seen = 0
@@ -111,7 +111,9 @@ def _sampled(tuner: subprocess.Popen[str], cache: Path) -> tuple[list[Sample], f
             if sample is not None:
                 samples.append(sample)
         time.sleep(0.05)
-    tuner.stderr.read()  # type: ignore[union-attr]
+    log.close()
+    if tuner.returncode != 0:
+        print((cache / "tuner.log").read_text()[-4000:], file=sys.stderr)
     return samples, time.monotonic() - started, tuner.returncode
 
 

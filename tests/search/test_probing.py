@@ -103,3 +103,25 @@ def test_a_probe_that_timed_out_is_retried_once(tmp_path) -> None:
     assert third.returncode == 7 and trial_folders(tmp_path) == 2  # and only once
     assert "the workload's probe failed twice" in third.stderr
     assert "autotune run --force runs it again" in third.stderr
+
+
+def test_a_run_waiting_for_another_s_probe_says_so_and_ctrl_c_ends_it_at_once(tmp_path) -> None:
+    slow = ("--step-seconds", "4")  # the probe takes ~12 s
+    prober = subprocess.Popen(
+        run(tmp_path, *slow, extra=("--study", "shared")), stderr=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: trial_pids(tmp_path, prober.pid))
+    waiting = subprocess.Popen(
+        run(tmp_path, *slow, extra=("--study", "shared")), stderr=subprocess.PIPE, text=True
+    )
+    assert waiting.stderr is not None
+    first = waiting.stderr.readline()
+    assert "to probe this workload" in first, first
+    stopped = time.monotonic()
+    waiting.send_signal(signal.SIGINT)
+    _, rest = waiting.communicate(timeout=30)
+    assert time.monotonic() - stopped < 5
+    assert waiting.returncode == 130
+    assert rest.strip() == "Interrupted: no trial was running."  # nothing of its own was running
+    prober.kill()
+    prober.wait()
