@@ -87,9 +87,7 @@ def run_soak(trials: int, cache: Path) -> tuple[list[Sample], float, int]:
     argv += ["--plans", plans, "--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1"]
     argv += ["--cache-dir", str(cache), str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
     argv += ["--step-seconds", "0.01"]
-    return _sampled(
-        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), cache
-    )
+    return _sampled(argv, cache)
 
 
 def _sampled(argv: list[str], cache: Path) -> tuple[list[Sample], float, int]:
