@@ -4,12 +4,14 @@ read (its sampler reads them all), so a long `autotune run` grows with its study
     .venv/bin/python bench/study_cache_memory.py [TRIALS]
 
 Writes TRIALS trials shaped like autotune's (two categorical parameters over a 25 x 42 space, twelve user
-attributes, a constraint) into a temporary SQLite study, then loads them through a second study object in
-the same process and prints the RSS it added, per trial.
+attributes, a constraint) into a temporary SQLite study; then fresh processes (as a tuner reads them) load
+them twice, and print what the second load's cache added: to the Python heap (tracemalloc, exact), and to
+the RSS (three processes: it moves in pymalloc's arenas).
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,14 +47,30 @@ def main() -> None:
                     constraints={"memory": -1.0},
                 )
             )
-        optuna.load_study(study_name="m", storage=url).get_trials(deepcopy=False)  # warm: imports, caches
-        before = rss_kib()
-        held = optuna.load_study(study_name="m", storage=url).get_trials(deepcopy=False)
-        grown = rss_kib() - before
-    print(
-        f"{len(held)} trials cached by a study object: +{grown} KiB RSS, {grown / len(held):.1f} KiB a trial"
-    )
+        # tracemalloc's own bookkeeping inflates RSS: the heap is measured in one process, RSS in others
+        subprocess.run([sys.executable, __file__, "--heap", url], check=True)
+        for _ in range(3):  # RSS moves in pymalloc arenas: a few fresh processes
+            subprocess.run([sys.executable, __file__, "--rss", url], check=True)
+
+
+def measure(url: str, heap: bool) -> None:
+    """In this fresh process: load the study once (imports, first caches), then again through a second
+    study object; what the second cache added to the Python heap (tracemalloc), or to the RSS."""
+    import tracemalloc
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.load_study(study_name="m", storage=url).get_trials(deepcopy=False)
+    if heap:
+        tracemalloc.start()
+    before = rss_kib()
+    held = optuna.load_study(study_name="m", storage=url).get_trials(deepcopy=False)
+    grown = tracemalloc.get_traced_memory()[0] // 1024 if heap else rss_kib() - before
+    what = "Python heap (tracemalloc)" if heap else "RSS"
+    print(f"{len(held)} trials cached: {what} +{grown} KiB, {grown / len(held):.1f} KiB a trial")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] in (["--heap"], ["--rss"]):
+        measure(sys.argv[2], heap=sys.argv[1] == "--heap")
+    else:
+        main()
