@@ -20,6 +20,7 @@ from autotune.hardware.meters import NvmlMeter, RssMeter
 from autotune.trials._shim import descendants
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import MeasureSpec, measure
+from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
 
 from conftest import EXAMPLES, SCRIPTS, MiB, in_a_fresh_interpreter
@@ -149,6 +150,20 @@ def test_a_trial_pinned_by_uuid_in_cuda_visible_devices(fake, tmp_path) -> None:
     assert Path(str(gpu.usage_file) + ".env").read_text() == "GPU-bbbb"
 
 
+def on_the_gpu(
+    script: Path, tmp_path: Path, batch: int = 1, settings: TrialSettings | None = None
+) -> TrialResult:
+    """One real trial of ``script`` on cuda:0, measured through real NVML."""
+    spec = MeasureSpec(
+        TrialCommand.parse([str(script)]),
+        batch,
+        device="cuda",
+        settings=settings or TrialSettings(1, 3, 120, 300),
+        cache_dir=tmp_path / "cache",
+    )
+    return measure(spec, dict(os.environ))
+
+
 @pytest.mark.gpu
 def test_real_nvml_measures_a_cuda_trial(tmp_path) -> None:
     from autotune.hardware.nvml import load_nvml
@@ -163,14 +178,7 @@ def test_real_nvml_measures_a_cuda_trial(tmp_path) -> None:
         "x = torch.empty(1024 * 2**20, dtype=torch.uint8, device='cuda')\n"
         "for _ in range(10**9):\n    x.add_(1)\n    autotune.step()\n"
     )
-    spec = MeasureSpec(
-        TrialCommand.parse([str(script)]),
-        1,
-        device="cuda",
-        settings=TrialSettings(1, 3, 120, 300),
-        cache_dir=tmp_path / "cache",
-    )
-    result = measure(spec, dict(os.environ))
+    result = on_the_gpu(script, tmp_path)
     assert result.outcome is Outcome.COMPLETE
     assert result.memory_method == "nvml"
     # 1 GiB tensor plus a CUDA context of 250-700 MB (RELIABILITY.md §8): NVML sees both, torch only the tensor.
@@ -302,14 +310,7 @@ def test_a_cuda_out_of_memory_is_classified_oom(tmp_path) -> None:
     script.write_text(
         "import torch, autotune\nautotune.step()\nx = torch.empty(2**50, dtype=torch.uint8, device='cuda')\n"
     )
-    spec = MeasureSpec(
-        TrialCommand.parse([str(script)]),
-        1,
-        device="cuda",
-        settings=TrialSettings(1, 3, 120, 300),
-        cache_dir=tmp_path / "cache",
-    )
-    result = measure(spec, dict(os.environ))
+    result = on_the_gpu(script, tmp_path)
     assert (result.outcome, result.memory_method) == (Outcome.OOM, "nvml")
 
 
@@ -327,27 +328,9 @@ def test_after_a_killed_trial_the_next_starts_from_the_idle_device(tmp_path) -> 
         "import torch, autotune\nx = torch.empty(2**30, dtype=torch.uint8, device='cuda')\n"
         "for _ in range(10**9):\n    x.add_(1)\n    autotune.step()\n"
     )
-    killed = measure(
-        MeasureSpec(
-            TrialCommand.parse([str(hog)]),
-            1,
-            device="cuda",
-            settings=TrialSettings(1, 1, 20, 20),
-            cache_dir=tmp_path / "cache",
-        ),
-        dict(os.environ),
-    )
+    killed = on_the_gpu(hog, tmp_path, settings=TrialSettings(1, 1, 20, 20))
     assert killed.outcome is Outcome.TIMEOUT
-    after = measure(
-        MeasureSpec(
-            TrialCommand.parse([str(held)]),
-            1,
-            device="cuda",
-            settings=TrialSettings(1, 3, 120, 300),
-            cache_dir=tmp_path / "cache",
-        ),
-        dict(os.environ),
-    )
+    after = on_the_gpu(held, tmp_path)
     assert after.outcome is Outcome.COMPLETE and after.memory_note is None
     assert 1024 * MiB + 200 * MiB < after.peak_bytes < 1024 * MiB + 2048 * MiB
 
@@ -357,17 +340,9 @@ def test_nvml_and_torch_s_counters_agree_on_three_batch_sizes(tmp_path) -> None:
     """NVML's whole-process peak minus torch's reserved peak is the CUDA context and library workspaces:
     the same at every batch size (RELIABILITY.md: within 256 MiB), never negative."""
     _real_nvml()
-    example = EXAMPLES / "gpt.py"
     overheads = []
     for batch in (8, 32, 128):
-        spec = MeasureSpec(
-            TrialCommand.parse([str(example)]),
-            batch,
-            device="cuda",
-            settings=TrialSettings(2, 5, 300, 600),
-            cache_dir=tmp_path / "cache",
-        )
-        result = measure(spec, dict(os.environ))
+        result = on_the_gpu(EXAMPLES / "gpt.py", tmp_path, batch, TrialSettings(2, 5, 300, 600))
         assert result.outcome is Outcome.COMPLETE and result.torch_peak_reserved is not None
         overheads.append(result.peak_bytes - result.torch_peak_reserved)
     assert min(overheads) > 0 and max(overheads) - min(overheads) < 256 * MiB, overheads
