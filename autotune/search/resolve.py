@@ -101,15 +101,9 @@ def resolve(
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
     )
     runner = TrialRunner(
-        spec.command,
-        spec.backend,
-        device,
-        make_meter(device, nvml),
-        spec.settings,
-        cache_dir(spec.cache_dir),
-        environ,
-        stop,
-    )
+        spec.command, spec.backend, device, make_meter(device, nvml), spec.settings, cache_dir(spec.cache_dir),
+        environ, stop,
+    )  # fmt: skip
     if spec.study is not None:
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
