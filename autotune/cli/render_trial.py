@@ -54,6 +54,8 @@ def measured(result: TrialResult) -> str:
 
 
 def _verdict(result: TrialResult, budget_bytes: int) -> str:
+    if result.outcome is Outcome.OVER_BUDGET:
+        return "does not fit: stopped as soon as its peak passed the budget"
     if result.outcome is not Outcome.COMPLETE:
         return f"unknown: the trial did not complete ({result.outcome.value})"
     margin = budget_bytes - result.peak_bytes

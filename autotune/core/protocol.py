@@ -32,8 +32,16 @@ class Outcome(TextEnum):
 
     COMPLETE = "complete"
     OOM = "oom"
+    OVER_BUDGET = (
+        "over-budget"  # stopped by autotune as its peak passed the budget: the peak is a lower bound
+    )
     FAILED = "failed"
     TIMEOUT = "timeout"
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Ran out of memory, or was stopped before it could: its peak bounds what the configuration needs."""
+        return self in (Outcome.OOM, Outcome.OVER_BUDGET)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,12 @@ class MemoryReading:
 
 
 class MemoryMeter(Protocol):
-    """Measures the peak memory of the processes ``processes()`` lists while the trial runs."""
+    """Measures the peak memory of the processes ``processes()`` lists while the trial runs; with a
+    ``ceiling``, sets ``over`` as soon as a sample passes it (the launcher then stops the trial)."""
 
-    def start(self, processes: Processes) -> None: ...
+    over: threading.Event
+
+    def start(self, processes: Processes, ceiling: int | None = None) -> None: ...
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
 
@@ -63,11 +66,15 @@ class _Sampler:
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.samples = 0
+        self.over = threading.Event()
+        self._ceiling: int | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start_sampling(self) -> None:
+    def start_sampling(self, ceiling: int | None) -> None:
         self._done = threading.Event()  # a meter measures one trial after another: nothing carries over
+        self.over = threading.Event()
+        self._ceiling = ceiling
         self.samples = 0
         self._thread = threading.Thread(target=self._run, name="autotune-meter", daemon=True)
         self._thread.start()
@@ -81,9 +88,15 @@ class _Sampler:
         while not self._done.is_set():
             self.sample()
             self.samples += 1
+            if self._ceiling is not None and self.sampled_peak() > self._ceiling:
+                self.over.set()
             self._done.wait(self.interval)
 
     def sample(self) -> None:
+        raise NotImplementedError
+
+    def sampled_peak(self) -> int:
+        """The trial's peak so far, as sampled (what a ceiling is compared with)."""
         raise NotImplementedError
 
 
@@ -97,9 +110,12 @@ class RssMeter(_Sampler):
         self._peak = 0
         self._processes = 0
 
-    def start(self, processes: Processes) -> None:
+    def start(self, processes: Processes, ceiling: int | None = None) -> None:
         self._pids, self._peak, self._processes = processes, 0, 0
-        self.start_sampling()
+        self.start_sampling(ceiling)
+
+    def sampled_peak(self) -> int:
+        return self._peak
 
     def sample(self) -> None:
         total, count = 0, 0
@@ -145,11 +161,14 @@ class NvmlMeter(_Sampler):
     def _used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle, version=self._nvml.nvmlMemory_v2).used)
 
-    def start(self, processes: Processes) -> None:
+    def start(self, processes: Processes, ceiling: int | None = None) -> None:
         self._pids, self._peak = processes, 0
         self._trial_pids, self._foreign_pids = set(), set()
         self._baseline = self._used()
-        self.start_sampling()
+        self.start_sampling(ceiling)
+
+    def sampled_peak(self) -> int:
+        return max(self._peak - self._baseline, 0)
 
     def sample(self) -> None:
         self._peak = max(self._peak, self._used())

@@ -68,7 +68,7 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
     attrs = _measurement(result)
     constraints: dict[str, float] = {}
     value, state = None, TrialState.FAIL
-    if result.outcome in (Outcome.COMPLETE, Outcome.OOM):
+    if result.outcome is Outcome.COMPLETE or result.outcome.out_of_memory:
         constraints["memory"] = constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
         value, state = result.samples_per_sec or 0.0, TrialState.COMPLETE
     try:

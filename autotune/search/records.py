@@ -75,8 +75,12 @@ class TrialRecord:
 
     @property
     def measured(self) -> bool:
-        """Its peak is a measurement (a complete or out-of-memory trial, here or for another budget)."""
-        return self.outcome in (Outcome.COMPLETE, Outcome.OOM) and self.peak_bytes is not None
+        """Its peak is a measurement (a complete trial), or a lower bound (out of memory, or stopped over the
+        budget), here or for another budget."""
+        measured = self.outcome is Outcome.COMPLETE or (
+            self.outcome is not None and self.outcome.out_of_memory
+        )
+        return measured and self.peak_bytes is not None
 
     def fits(self, limit: int) -> bool:
         return fits(self.outcome, self.peak_bytes, limit)

@@ -102,7 +102,7 @@ def resolve(
     )
     runner = TrialRunner(
         spec.command, spec.backend, device, make_meter(device, nvml), spec.settings, cache_dir(spec.cache_dir),
-        environ, stop,
+        environ, stop, limit.budget_bytes,
     )  # fmt: skip
     if spec.study is not None:
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial

@@ -31,6 +31,7 @@ class TrialRunner:
     root: Path
     environ: Mapping[str, str]
     stop: threading.Event | None = None  # a stopping worker: trials are stopped and raise StopRequested
+    ceiling: int | None = None  # the budget: a trial passing it is stopped at once (not the probe's)
 
     def __call__(
         self,
@@ -56,4 +57,5 @@ class TrialRunner:
             probe=probe,
             interruptible=interruptible,
             stop=self.stop,
+            ceiling=None if probe else self.ceiling,
         )

@@ -46,6 +46,7 @@ class Launch:
     timeout: float  # seconds for the whole trial
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL when a trial is stopped
     cwd: Path | None = None
+    ceiling: int | None = None  # bytes: a trial whose sampled peak passes it is stopped at once
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ class ProcessExit:
     signal: int | None
     main_maxrss_bytes: int
     wall_seconds: float
-    timed_out: str | None  # "startup" or "run"
-    stopped: bool  # autotune stopped it (timeout or Ctrl-C)
+    timed_out: str | None  # "startup" or "run" (its timeouts), or "ceiling" (its peak passed it)
+    stopped: bool  # autotune stopped it (timeout, ceiling or Ctrl-C)
 
 
 def run_process(
@@ -78,11 +79,11 @@ def run_process(
     """
     started = time.monotonic()
     shim = _start_shim(launch)
-    meter.start(functools.partial(descendants, shim.pid))
+    meter.start(functools.partial(descendants, shim.pid), launch.ceiling)
     timed_out: str | None = None
     try:
         with interruptible() if interruptible is not None else nullcontext():
-            timed_out = _wait(shim, launch, started, on_poll, stop)
+            timed_out = _wait(shim, launch, started, on_poll, stop, meter)
     except KeyboardInterrupt as e:
         _stop(shim, launch.grace)
         raise TrialInterrupted from e
@@ -158,10 +159,14 @@ def _wait(
     started: float,
     on_poll: Callable[[int, float], None] | None,
     stop: threading.Event | None,
+    meter: MemoryMeter,
 ) -> str | None:
     while shim.poll() is None:
         if stop is not None and stop.is_set():
             raise StopRequested
+        if meter.over.wait(POLL_SECONDS):  # the meter's thread set it: passed the ceiling
+            _kill(shim)
+            return "ceiling"
         elapsed = time.monotonic() - started
         steps = read_progress(launch.progress_path)
         if on_poll is not None:
@@ -171,8 +176,18 @@ def _wait(
         if reason:
             _stop(shim, launch.grace)
             return reason
-        time.sleep(POLL_SECONDS)
     return None
+
+
+def _kill(shim: subprocess.Popen[bytes]) -> None:
+    """Stop the trial at once: no grace period for a trial still growing past its ceiling (SIGTERM to the
+    shim kills every descendant without waiting)."""
+    shim.send_signal(signal.SIGTERM)
+    try:
+        shim.wait(10)
+    except subprocess.TimeoutExpired:
+        shim.kill()
+        shim.wait()
 
 
 def _stop(shim: subprocess.Popen[bytes], grace: float) -> None:

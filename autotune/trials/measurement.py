@@ -32,7 +32,8 @@ from autotune.trials.settings import TrialSettings
 @dataclass(frozen=True)
 class MeasureSpec:
     """One trial to run: ``command`` at ``batch_size`` with ``plan`` on ``device``; with ``budget``, the
-    result says whether its peak fits (the budget is resolved on the device before the trial starts)."""
+    result says whether its peak fits (the budget is resolved on the device before the trial starts), and
+    a trial that passes it is stopped at once."""
 
     command: TrialCommand
     batch_size: int
@@ -104,6 +105,7 @@ def measure(
         env,
         spec.backend,
         probe=probe,
+        ceiling=budget_bytes,  # a trial is stopped as soon as it passes the budget it is measured against
     )
     return dataclasses.replace(result, budget_bytes=budget_bytes)
 
@@ -122,9 +124,11 @@ def run_trial(
     probe: bool = False,
     interruptible: Callable[[], AbstractContextManager[None]] | None = None,
     stop: threading.Event | None = None,
+    ceiling: int | None = None,
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
 
+    ``ceiling``: bytes; a trial whose sampled peak passes it is stopped at once and ends ``over-budget``.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     workdir = new_trial_dir(root)
     request = _request(workdir, batch_size, plan, backend, device, settings, probe)
@@ -138,6 +142,7 @@ def run_trial(
         timeout=settings.timeout,
         grace=settings.grace,
         cwd=Path(command.cwd) if command.cwd else None,
+        ceiling=ceiling,
     )
     exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
     report = _read_report(Path(request.report_path))

@@ -63,6 +63,8 @@ def classify(
         return Outcome.TIMEOUT, f"no training step within {settings.startup_timeout:g}s"
     if exit_info.timed_out == "run":
         return Outcome.TIMEOUT, f"still running after {settings.timeout:g}s"
+    if exit_info.timed_out == "ceiling":
+        return Outcome.OVER_BUDGET, "stopped as its peak passed the budget (the peak is a lower bound)"
     if report is not None:
         return report.outcome, report.error
     if exit_info.signal == signal.SIGKILL and not exit_info.stopped:

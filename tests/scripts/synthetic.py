@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--pid-file", default=None, help="append the pids of this trial here")
     p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
     p.add_argument("--per-sample-seconds", type=float, default=0.0, help="step time added per sample")
+    p.add_argument("--grow-mib", type=float, default=0, help="hold this much more at every step, forever")
     p.add_argument(
         "--plan-effects",
         default="",
@@ -80,7 +81,10 @@ def main() -> None:
     if args.never_step:
         while True:
             time.sleep(1)
+    grown = []
     for step in range(args.steps):
+        if args.grow_mib:
+            grown.append(touched(args.grow_mib))
         if step == args.crash_at:
             raise ValueError(f"synthetic crash at step {step}")
         if step == args.oom_at:
