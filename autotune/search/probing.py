@@ -95,6 +95,8 @@ def _after_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) ->
     last = max(leases, key=lambda x: x.attempt, default=None)
     if last is not None and last.state is LeaseState.FAILED:
         _retry_or_raise(store, key, last, last.note or "it failed")
+    elif last is not None and last.state is LeaseState.DONE:  # done, yet no result: the row was lost
+        _retry_or_raise(store, key, last, "its stored result is missing")
     return None
 
 

@@ -8,6 +8,7 @@ for it ignored SIGTERM, and a stored failure was replayed without a word on --fo
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -129,3 +130,19 @@ def test_a_run_waiting_for_another_s_probe_says_so_and_ctrl_c_ends_it_at_once(tm
     assert rest.strip() == "Interrupted: no trial was running."  # nothing of its own was running
     prober.kill()
     prober.wait()
+
+
+def test_a_probe_whose_stored_result_was_lost_is_run_again(tmp_path) -> None:
+    """A probe lease that ended done while the workload's result is gone (a row edited or restored by
+    hand) must not leave the next run waiting for nothing: it probes again (attempt 1)."""
+    first = subprocess.run(run(tmp_path), capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    folders = trial_folders(tmp_path)
+    with sqlite3.connect(tmp_path / "autotune.db") as conn:
+        conn.execute("UPDATE autotune_workloads SET discovery = NULL")
+    again = subprocess.run(
+        run(tmp_path, extra=("--study", "other")), capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0, again.stderr
+    assert "probe: batch 1: complete" in again.stderr
+    assert trial_folders(tmp_path) > folders
