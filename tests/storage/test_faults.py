@@ -3,6 +3,7 @@ password appears anywhere, --debug included. Each case below once hung or printe
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import threading
@@ -46,8 +47,6 @@ def silent_server() -> Iterator[int]:
 def autotune(
     *argv: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    import os
-
     return subprocess.run(
         [AUTOTUNE, *argv], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
     )
