@@ -86,7 +86,7 @@ class Search:
         self.worker = worker or worker_id()
         self.device = str(runner.device)
         self.recovery = Recovery(study, store, self.worker, grace)
-        self.shield = InterruptShield()
+        self.shield = runner.shield or InterruptShield()  # entered by the tuner (autotune.workers.tune)
         self.distributions = distributions(space)
         self.trials_run = 0
         self.misses = 0

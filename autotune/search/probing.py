@@ -15,7 +15,6 @@ can take:
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -67,7 +66,7 @@ def discover(
         running = _after_the_prober(store, key, watch, worker)
         if running is not None:
             waiting.say(running)
-        _pause(runner.stop)
+        _pause(runner)
 
 
 def _discovery(store: Store, workload: Workload) -> dict[str, Any] | None:
@@ -130,12 +129,14 @@ class _Waiting:
             )
 
 
-def _pause(stop: threading.Event | None) -> None:
-    """Wait one poll; a stopping worker's stop ends the wait at once."""
-    if stop is None:
+def _pause(runner: TrialRunner) -> None:
+    """Wait one poll; a stopping worker's stop ends the wait at once, a Ctrl-C within the poll."""
+    runner.check()
+    if runner.stop is None:
         time.sleep(POLL_SECONDS)
-    elif stop.wait(POLL_SECONDS):
+    elif runner.stop.wait(POLL_SECONDS):
         raise StopRequested
+    runner.check()
 
 
 def _probe(

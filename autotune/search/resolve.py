@@ -28,6 +28,7 @@ from autotune.search.space import SearchSpace, build_space
 from autotune.search.spec import TuneResult, TuneSpec
 from autotune.search.study import check_ours
 from autotune.storage import BestRow, Store, StudyRow, open_store
+from autotune.trials.interrupts import InterruptShield
 from autotune.trials.workload import Workload, workload_of
 
 
@@ -83,11 +84,14 @@ def resolve(
     worker: str,
     stop: threading.Event | None = None,
     store: Store | None = None,
+    shield: InterruptShield | None = None,
 ) -> ResolvedJob:
     """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``.
 
     ``store``: the database already open on ``spec.storage`` (a worker's, shared by all its jobs: one
-    engine and connection pool per process, not one per job); opened here if None.
+    engine and connection pool per process, not one per job); opened here if None. ``shield``: the
+    caller's active Ctrl-C shield (see autotune.trials.interrupts); the probe and every later trial of the
+    job's runner run inside it.
 
     Raises:
         InputError, DeviceError: the device or the budget on it. StorageError: the database.
@@ -102,7 +106,7 @@ def resolve(
     )
     runner = TrialRunner(
         spec.command, spec.backend, device, make_meter(device, nvml), spec.settings, cache_dir(spec.cache_dir),
-        environ, stop, limit.budget_bytes,
+        environ, stop, limit.budget_bytes, shield,
     )  # fmt: skip
     if spec.study is not None:
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial

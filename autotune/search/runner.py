@@ -13,6 +13,7 @@ from autotune.core.plans import Backend
 from autotune.hardware.devices import Device
 from autotune.hardware.meters import MemoryMeter
 from autotune.trials.command import TrialCommand
+from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.trials.measurement import run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
@@ -32,6 +33,7 @@ class TrialRunner:
     environ: Mapping[str, str]
     stop: threading.Event | None = None  # a stopping worker: trials are stopped and raise StopRequested
     ceiling: int | None = None  # the budget: a trial passing it is stopped at once (not the probe's)
+    shield: InterruptShield | None = None  # the tuner's Ctrl-C shield: trials run inside its allow()
 
     def __call__(
         self,
@@ -55,7 +57,14 @@ class TrialRunner:
             self.backend,
             on_poll=poll,
             probe=probe,
-            interruptible=interruptible,
+            interruptible=interruptible or (self.shield.allow if self.shield is not None else None),
             stop=self.stop,
             ceiling=None if probe else self.ceiling,
         )
+
+    def check(self) -> None:
+        """Between trials (a wait): raise the Ctrl-C the shield holds, or StopRequested once ``stop`` is set."""
+        if self.shield is not None:
+            self.shield.check()
+        if self.stop is not None and self.stop.is_set():
+            raise StopRequested

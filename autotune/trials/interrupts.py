@@ -44,6 +44,9 @@ class InterruptShield:
     ) -> None:
         if self._installed:
             signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+        if kind is None:
+            self.check()  # a Ctrl-C held to the end is raised, never lost
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         if self.open:

@@ -79,9 +79,9 @@ def run_process(
     """
     started = time.monotonic()
     shim = _start_shim(launch)
-    meter.start(functools.partial(descendants, shim.pid), launch.ceiling)
     timed_out: str | None = None
-    try:
+    try:  # from here on, whatever happens (a Ctrl-C included) stops the shim: no trial outlives its tuner
+        meter.start(functools.partial(descendants, shim.pid), launch.ceiling)
         with interruptible() if interruptible is not None else nullcontext():
             timed_out = _wait(shim, launch, started, on_poll, stop, meter)
     except KeyboardInterrupt as e:

@@ -24,6 +24,7 @@ from autotune.hardware.devices import Device, resolve_device
 from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
+from autotune.trials.interrupts import InterruptShield
 from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.result import TrialResult, classify, throughput
 from autotune.trials.settings import TrialSettings
@@ -94,19 +95,21 @@ def measure(
     env = dict(os.environ if environ is None else environ)
     device = resolve_device(spec.device, env, nvml_loader(nvml))
     budget_bytes = spec.budget.resolve(device.total_bytes) if spec.budget is not None else None
-    result = run_trial(
-        spec.command,
-        spec.batch_size,
-        spec.plan,
-        device,
-        make_meter(device, nvml),
-        spec.settings,
-        cache_dir(spec.cache_dir),
-        env,
-        spec.backend,
-        probe=probe,
-        ceiling=budget_bytes,  # a trial is stopped as soon as it passes the budget it is measured against
-    )
+    with InterruptShield() as shield:  # a Ctrl-C as the trial starts still stops it (TrialInterrupted)
+        result = run_trial(
+            spec.command,
+            spec.batch_size,
+            spec.plan,
+            device,
+            make_meter(device, nvml),
+            spec.settings,
+            cache_dir(spec.cache_dir),
+            env,
+            spec.backend,
+            probe=probe,
+            interruptible=shield.allow,
+            ceiling=budget_bytes,  # a trial is stopped as soon as it passes the budget it is measured against
+        )
     return dataclasses.replace(result, budget_bytes=budget_bytes)
 
 

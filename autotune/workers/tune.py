@@ -34,6 +34,7 @@ from autotune.search.spec import TuneResult, TuneSpec
 from autotune.search.study import open_study
 from autotune.search.verify import verify
 from autotune.storage import JobState
+from autotune.trials.interrupts import InterruptShield
 from autotune.workers.jobs import job_row
 from autotune.workers.worker import Worker
 
@@ -52,8 +53,15 @@ def tune(
     """
     reporter = reporter or SilentReporter()
     env = dict(os.environ if environ is None else environ)
+    with InterruptShield() as shield:  # from the probe on: a Ctrl-C stops a trial cleanly, never a write
+        return _tune(spec, env, reporter, nvml, shield)
+
+
+def _tune(
+    spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any, shield: InterruptShield
+) -> TuneResult:
     worker = worker_id()
-    job = resolve(spec, env, reporter, nvml, worker)
+    job = resolve(spec, env, reporter, nvml, worker, shield=shield)
     name = job.study_row.study_name
     if spec.force:
         job.store.forget_study(name)
@@ -70,7 +78,7 @@ def tune(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
     helpers = _helper_devices(spec, job.device, env, nvml)
-    with Heartbeat(job.store, worker), search.shield, _helping(spec, name, helpers, env, reporter, nvml):
+    with Heartbeat(job.store, worker), _helping(spec, name, helpers, env, reporter, nvml):
         try:
             exhausted = search.run()
             best = verify(search, spec.verify_settings)
