@@ -51,7 +51,17 @@ def soak(
     batches, plans = space_for(per_job)
     submitting = []
     for job in range(jobs):  # submitted all at once: the first starts race to create the schema, as they may
-        argv = [AUTOTUNE, "submit", "--budget", "2GiB", "--trials", str(per_job), "--study", f"soak-{job}"]
+        argv = [
+            AUTOTUNE,
+            "submit",
+            "--budget",
+            "2GiB",
+            "--trials",
+            str(per_job),
+            "--exhaustive",
+            "--study",
+            f"soak-{job}",
+        ]
         argv += ["--plans", plans, "--batch-sizes", batches, "--steps", "1", "--warmup-steps", "1"]
         argv += ["--storage", storage, str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
         argv += ["--step-seconds", f"{0.01 + job / 10000:.4f}"]  # a workload of its own: no warm start
@@ -79,6 +89,7 @@ def run_soak(trials: int, cache: Path) -> tuple[list[Sample], float, int]:
         "2GiB",
         "--trials",
         str(trials),
+        "--exhaustive",
         "--study",
         "run-soak",
         "--device",

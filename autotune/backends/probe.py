@@ -83,6 +83,22 @@ def saving_per_sample(data: ProbeReport, plan: str) -> float:
     return predicted_saving(data, parse_plan(plan)) / data.batch_size
 
 
+def forward_share(data: ProbeReport, plan: str) -> float | None:
+    """The share of the forward pass ``plan`` repeats in backward: the forward time of the instances it
+    checkpoints, times the share of operator time its policy recomputes (None for an ORT probe)."""
+    if isinstance(data, OrtProbeReport) or not data.forward_seconds:
+        return None
+    op_total = sum(data.op_seconds.values())
+    instances = {i.name: i for i in data.instances}
+    seconds = 0.0
+    for name, rule in _chosen(data, parse_plan(plan)).items():
+        recomputed = 1.0
+        if rule.ops is not None and op_total > 0:
+            recomputed = sum(t for kind, t in data.op_seconds.items() if not rule.ops.saves(kind)) / op_total
+        seconds += instances[name].forward_seconds * recomputed
+    return min(seconds / data.forward_seconds, 1.0)
+
+
 def rows(data: ProbeReport) -> list[ProbeRow]:
     """Module rows (each repeated class in full), then operator rows inside the outermost regions; for an
     ORT probe, ORT's own recompute plans (its table: plan, frequency, bytes saved at the probed batch)."""

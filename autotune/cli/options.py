@@ -102,7 +102,8 @@ def search_options(command: F) -> F:
                 type=click.IntRange(min=1),
                 default=DEFAULT_TRIALS,
                 show_default=True,
-                help="Trials the study should hold (counted over resumed runs and all workers).",
+                help="The most trials the study may hold (counted over resumed runs and all workers); "
+                "the search stops sooner once nothing left can beat its best.",
             ),
             click.option(
                 "--batch-sizes",
@@ -123,6 +124,11 @@ def search_options(command: F) -> F:
             click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Sampler seed."),
             click.option("--study", help="Study name (default: derived from the script and the search)."),
             click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
+            click.option(
+                "--exhaustive",
+                is_flag=True,
+                help="No stopping rule: every plan's largest fitting batch, then the sampler, to --trials.",
+            ),
             BACKEND,
             storage_option(),
             AS_JSON,

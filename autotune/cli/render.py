@@ -30,10 +30,8 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
         for line in (not_run_line(result.records), prediction_summary(result.records)):
             if line:
                 out.print(line)
-        if result.exhausted:
-            out.print(
-                "stopped early: every configuration left is predicted not to fit or was measured already"
-            )
+        if result.stopped:
+            out.print(result.stopped, markup=False)
     out.print(
         key_values(
             [
@@ -72,6 +70,7 @@ def as_json_text(result: TuneResult) -> str:
             "study": result.study_name,
             "cached": result.cached,
             "new_trials": result.new_trials,
+            "stopped": result.stopped,
             "budget_bytes": result.budget_bytes,
             "limit_bytes": result.limit_bytes,
             "batch_size": result.best.batch_size,

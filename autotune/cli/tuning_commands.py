@@ -34,6 +34,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         storage=options["storage"],
         study=options["study"],
         force=options["force"],
+        exhaustive=options["exhaustive"],
     )
 
 

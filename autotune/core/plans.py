@@ -160,3 +160,24 @@ def _parse_policy(text: str, plan: str) -> OpPolicy | None:
             f"invalid plan {plan!r}: expected /save=KIND+... or /recompute=KIND+... after the class"
         )
     return OpPolicy(mode.strip(), tuple(sorted({k.strip() for k in kinds.split("+") if k.strip()})))
+
+
+def recomputes_at_least(plan: Plan, other: Plan) -> bool:
+    """Whether ``plan`` recomputes in backward everything ``other`` does (so at equal batch size it is no
+    faster): every class ``other`` checkpoints, ``plan`` checkpoints at a ratio at least as large, with an
+    operator policy that recomputes at least the same kinds. ``all`` is compared only with itself (which
+    classes it names is known to the probe, not to the plan)."""
+    if other.is_none:
+        return True
+    if plan.everything or other.everything:
+        return plan == other
+    for rule in other.rules:
+        mine = next((r for r in plan.rules if r.cls == rule.cls), None)
+        if mine is None or mine.ratio < rule.ratio or not _recomputed(mine.ops) >= _recomputed(rule.ops):
+            return False
+    return True
+
+
+def _recomputed(ops: OpPolicy | None) -> set[str]:
+    """The operator kinds a checkpointed region recomputes under ``ops`` (all of them without a policy)."""
+    return {kind for kind in OP_KINDS if ops is None or not ops.saves(kind)}

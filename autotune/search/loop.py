@@ -24,18 +24,20 @@ ignore FAILed trials and would propose the same OOM again.
 from __future__ import annotations
 
 import enum
+import math
 import time
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.errors import ScriptError
+from autotune.core.budget import format_bytes
+from autotune.core.errors import NoFitError, ScriptError
 from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
 from autotune.search.memory_model import MemoryModel
 from autotune.search.optuna_trials import ask_fixed, distributions, records_of, tell_result
-from autotune.search.propose import Proposal, model_of, propose
+from autotune.search.propose import Finished, Proposal, hopeless, model_of, propose, speed_of
 from autotune.search.records import TrialKind, TrialRecord, best_record, constraint_mib
 from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
@@ -74,6 +76,10 @@ class Search:
         savings: dict[str, float] | None = None,
         grace: float = DEFAULT_GRACE_SECONDS,
         worker: str | None = None,
+        forward_shares: dict[str, float] | None = None,
+        fixed_bytes: int | None = None,
+        headroom: float = 0.0,
+        exhaustive: bool = False,
     ) -> None:
         self.study = study
         self.space = space
@@ -82,7 +88,12 @@ class Search:
         self.target = target
         self.reporter = reporter
         self.store = store
-        self.savings = savings or {}
+        self.savings = savings or {}  # the probe's predicted saving per sample of each plan
+        self.forward_shares = forward_shares or {}  # the probe's share of the forward pass each plan repeats
+        self.fixed_bytes = fixed_bytes  # the probe's weights, gradients and optimizer state
+        self.headroom = headroom
+        self.exhaustive = exhaustive
+        self.stopped: str | None = None  # why the search stopped before ``target`` trials
         self.worker = worker or worker_id()
         self.device = str(runner.device)
         self.recovery = Recovery(study, store, self.worker, grace)
@@ -96,12 +107,17 @@ class Search:
     def name(self) -> str:
         return self.study.study_name
 
-    def run(self, poll_seconds: float = 0.5) -> bool:
-        """Search until the study is finished; True if it stopped because nothing new was left to try."""
+    def run(self, poll_seconds: float = 0.5) -> str | None:
+        """Search until the study is finished; why it stopped before ``target`` trials (None if it did not).
+
+        Raises:
+            NoFitError: the budget is hopeless (see autotune.search.propose.hopeless).
+            ScriptError: the script failed (see ``_count_failure``).
+        """
         while True:
             step = self.step()
             if step is Step.FINISHED:
-                return self.misses >= MAX_MISSES
+                return self.stopped
             if step is Step.BUSY:
                 time.sleep(poll_seconds)
 
@@ -116,10 +132,24 @@ class Search:
         records = records_of(self.study)
         leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
         busy = any(lease.state in (LeaseState.RUNNING, LeaseState.QUEUED) for lease in leases)
-        if sum(r.counted for r in records) >= self.target or self.misses >= MAX_MISSES:
+        counted = sum(r.counted for r in records)
+        if counted >= self.target or self.misses >= MAX_MISSES:
+            if self.misses >= MAX_MISSES:
+                self._stop(
+                    f"stopped after {counted} trials: every configuration left is predicted not to fit "
+                    "or was measured already"
+                )
             return Step.BUSY if busy else Step.FINISHED
         model = model_of(records, self.savings)
-        proposal = propose(records, model, self.space, self.limit, {(x.batch_size, x.plan) for x in leases})
+        self._check_hopeless(records, model)
+        speed = speed_of(records, self.forward_shares)
+        taken = {(x.batch_size, x.plan) for x in leases}
+        proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
+        if isinstance(proposal, Finished):
+            if busy:  # other workers' trials may still raise the incumbent or prove a candidate
+                return Step.BUSY
+            self._stop(f"stopped after {counted} trials: {proposal.reason}")
+            return Step.FINISHED
         if proposal is None and not model.calibrated and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
         slot = self.store.take_slot(self.name, self.target, self.worker)
@@ -129,6 +159,32 @@ class Search:
         if step is not Step.RAN:  # nothing was measured: the slot is free again
             self.store.forget_slot(self.name, slot)
         return step
+
+    def _stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            self.reporter.note(reason)
+
+    def _check_hopeless(self, records: list[TrialRecord], model: MemoryModel) -> None:
+        """End a hopeless search before another trial: the probe's fixed memory alone passes the limit, or
+        the smallest batch with the plan that saves the most was measured not to fit.
+
+        Raises:
+            NoFitError: one line with the smallest peak and the budget it would need.
+        """
+        if self.fixed_bytes is not None and self.fixed_bytes > self.limit:
+            raise NoFitError(
+                f"no configuration fits {format_bytes(self.limit)} (budget minus headroom): the model's "
+                f"weights, gradients and optimizer state alone take {format_bytes(self.fixed_bytes)} (the "
+                f"probe's count); it needs a budget of more than {self._budget_for(self.fixed_bytes)}"
+            )
+        why = hopeless(records, model, self.space, self.limit)
+        if why is not None:
+            lowest = min((r.peak_bytes or 0 for r in records if r.measured), default=0)
+            raise NoFitError(f"{why}; it needs a budget of at least {self._budget_for(lowest)}")
+
+    def _budget_for(self, peak: int) -> str:
+        return format_bytes(math.ceil(peak / (1 - self.headroom)))
 
     def ask_fixed(self, batch: int, plan: str) -> optuna.Trial:
         return ask_fixed(self.study, self.distributions, batch, plan)
@@ -193,7 +249,13 @@ class Search:
         return False
 
     def _tell_like(self, trial: optuna.Trial, same: TrialRecord) -> None:
-        for name in ("outcome", "peak_bytes", "samples_per_sec"):
+        for name in (
+            "outcome",
+            "peak_bytes",
+            "samples_per_sec",
+            "samples_per_sec_low",
+            "samples_per_sec_high",
+        ):
             value = getattr(same, name)
             trial.set_user_attr(name, value.value if isinstance(value, Outcome) else value)
         if same.measured and same.peak_bytes is not None:

@@ -7,7 +7,8 @@ probe predicted for it (``savings``), or else the largest known slope: without a
 side of fitting less.
 
 Measurement always overrules the model: a configuration that was measured is judged by its measurement,
-and a batch that was measured over the limit (or ran out of memory) bounds that plan's batch sizes.
+and a batch that was measured over the limit (or ran out of memory) bounds the batch sizes of its plan and
+of every plan known to save no more than it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import numpy as np
 
 from autotune.core.budget import fits
 from autotune.core.protocol import Outcome
+
+MIN_SLOPE_SHARE = 0.05  # no plan keeps less than this share of the activations per sample
+SAVING_DOUBT = 2.0  # an optimistic bound takes the probe's predicted saving as up to this many times too low
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,9 @@ class MemoryModel:
         if plan in self.per_sample:
             return self.per_sample[plan]
         if "none" in self.per_sample and plan in self.savings:
-            return max(self.per_sample["none"] - self.savings[plan], 0.05 * self.per_sample["none"])
+            return max(
+                self.per_sample["none"] - self.savings[plan], MIN_SLOPE_SHARE * self.per_sample["none"]
+            )
         return max(self.per_sample.values())
 
     def measured_saving(self, plan: str) -> float | None:
@@ -86,12 +92,57 @@ class MemoryModel:
             return None
         return self.per_sample["none"] - self.per_sample[plan]
 
+    def saving(self, plan: str) -> float | None:
+        """Bytes per sample ``plan`` saves against ``none``: measured, else the probe's prediction (None if
+        neither is known)."""
+        if plan == "none":
+            return 0.0
+        measured = self.measured_saving(plan)
+        return measured if measured is not None else self.savings.get(plan)
+
+    def ceiling(self, plan: str, limit: int) -> int | None:
+        """The smallest batch size measured not to fit with ``plan``, or with a plan known to save at least
+        as much: no batch size from there up can fit ``plan``."""
+        own = self.saving(plan)
+        bounding = [
+            o.batch_size
+            for o in self.observations
+            if not fits(o.outcome, o.peak_bytes, limit)
+            and (
+                o.plan == plan
+                or (own is not None and (theirs := self.saving(o.plan)) is not None and theirs >= own)
+            )
+        ]
+        return min(bounding, default=None)
+
+    def optimistic_slope(self, plan: str) -> float:
+        """The fewest bytes per sample ``plan`` may take: measured, else none's minus SAVING_DOUBT times the
+        probe's predicted saving, else (nothing known) MIN_SLOPE_SHARE of the smallest slope measured."""
+        if plan in self.per_sample:
+            return self.per_sample[plan]
+        floor = MIN_SLOPE_SHARE * min(self.per_sample.values())
+        if "none" in self.per_sample and plan in self.savings:
+            return max(self.per_sample["none"] - SAVING_DOUBT * self.savings[plan], floor)
+        return floor
+
+    def largest_possible(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
+        """The largest batch size ``plan`` could fit below its ceiling with its optimistic slope: how far a
+        plan not measured yet might reach (what the stopping rule values it at)."""
+        if self.fixed is None:
+            return None
+        ceiling = self.ceiling(plan, limit)
+        fitting = [
+            b
+            for b in batch_sizes
+            if (ceiling is None or b < ceiling) and self.fixed + b * self.optimistic_slope(plan) <= limit
+        ]
+        return max(fitting, default=None)
+
     def largest_fitting(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
         """The largest batch size for ``plan`` that was measured to fit, or is predicted to fit and lies
-        below every batch size measured not to fit."""
+        below its ceiling (see :meth:`ceiling`)."""
         measured = {o.batch_size: o for o in self.observations if o.plan == plan}
-        failing = [b for b, o in measured.items() if not fits(o.outcome, o.peak_bytes, limit)]
-        ceiling = min(failing, default=None)
+        ceiling = self.ceiling(plan, limit)
         best = None
         for batch in batch_sizes:
             if ceiling is not None and batch >= ceiling:

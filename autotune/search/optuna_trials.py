@@ -106,6 +106,8 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "peak_bytes": result.peak_bytes,
         "memory_method": result.memory_method,
         "samples_per_sec": result.samples_per_sec,
+        "samples_per_sec_low": result.samples_per_sec_low,
+        "samples_per_sec_high": result.samples_per_sec_high,
         "log_dir": result.log_dir,
         "error": result.error.strip().splitlines()[0][:500] if result.error else None,
     }

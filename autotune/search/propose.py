@@ -1,10 +1,19 @@
-"""The search's algorithm, as small free functions over trial records: fit the memory model, propose the
-next configuration (calibration, then the frontier), pick the best fitting trial. No Optuna, no database.
+"""The search's algorithm, as small free functions over trial records: fit the models, propose the next
+configuration (calibration, then the configurations that could still win), decide when the search has won
+or the budget is hopeless. No Optuna, no database.
 
-- *Calibration*: the first plan at the smallest batch size, then one about 4x larger (and the ones
-  between, if a larger one did not fit), until the memory model has two batch sizes of one plan.
-- *Frontier*: for each plan in order, the largest batch size measured or predicted to fit.
-- Nothing left to propose: None, and the caller lets the sampler choose.
+- *Calibration*: the first plan at the smallest batch size, then one about 4x larger (and the ones between,
+  if a larger one did not fit), until the memory model has two batch sizes of one plan. If the first plan
+  does not fit at the smallest batch size, the plan that saves the most takes its place; if that does not
+  fit either, the budget is hopeless (:func:`hopeless`).
+- *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
+  (autotune.search.memory_model), valued by the throughput model's optimistic prediction
+  (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
+  fitting batch size, the frontier.
+- *Stopping rule*: once a configuration fits (the incumbent), a candidate is measured only if its
+  optimistic prediction beats the incumbent by more than the incumbent's noise; when none does, the
+  search has won (:class:`Finished`). ``exhaustive`` searches keep today's behaviour instead: every plan's
+  frontier, then the sampler until ``--trials``.
 """
 
 from __future__ import annotations
@@ -12,10 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
+from autotune.core.stats import Interval
 from autotune.search.memory_model import MemoryModel, Observation
-from autotune.search.records import TrialRecord
+from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
+from autotune.search.throughput_model import Reading, ThroughputModel
 
 Configuration = tuple[int, str]  # (batch size, plan)
 
@@ -24,7 +36,14 @@ Configuration = tuple[int, str]  # (batch size, plan)
 class Proposal:
     batch_size: int
     plan: str
-    why: str  # "calibration", "frontier"
+    why: str  # "calibration", "frontier", "candidate"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Nothing left could beat the incumbent: the search has won."""
+
+    reason: str
 
 
 def model_of(records: Iterable[TrialRecord], savings: dict[str, float] | None = None) -> MemoryModel:
@@ -39,14 +58,36 @@ def model_of(records: Iterable[TrialRecord], savings: dict[str, float] | None = 
     )
 
 
+def speed_of(
+    records: Iterable[TrialRecord], forward_shares: dict[str, float] | None = None
+) -> ThroughputModel:
+    """The throughput model fitted to every completed reading, fitting or not (a configuration over the
+    budget still says how fast its batch size runs)."""
+    return ThroughputModel.fit(
+        [
+            Reading(r.batch_size, r.plan, speed)
+            for r in records
+            if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
+            and r.outcome is Outcome.COMPLETE
+            and r.batch_size is not None
+            and r.plan is not None
+            and (speed := r.throughput) is not None
+        ],
+        forward_shares,
+    )
+
+
 def propose(
     records: list[TrialRecord],
     model: MemoryModel,
+    speed: ThroughputModel,
     space: SearchSpace,
     limit: int,
     taken: Iterable[Configuration] = (),
-) -> Proposal | None:
-    """The next configuration the model wants measured, or None to let the sampler choose.
+    exhaustive: bool = False,
+) -> Proposal | Finished | None:
+    """The next configuration to measure; Finished when nothing left could win; None to let the sampler
+    choose (an exhaustive search past its frontier, or a memory model that could not be calibrated).
 
     ``taken``: configurations leased by any worker (running, queued or ended)."""
     # Anything that ended (a failure too: a broken plan is not proposed again) or is under way.
@@ -54,31 +95,120 @@ def propose(
         (r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")
     } | set(taken)
     if not model.calibrated:
-        return _calibration(records, space, limit, tried)
-    for plan in space.plans:
-        largest = model.largest_fitting(plan, space.batch_sizes, limit)
-        if largest is not None and (largest, plan) not in tried:
-            return Proposal(largest, plan, "frontier")
-    return None
+        return _calibration(records, model, space, limit, tried)
+    frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.plans}
+    untried = [(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
+    if exhaustive:  # each plan's frontier in the space's order, then the sampler
+        return Proposal(*untried[0], "frontier") if untried else None
+    candidates = [
+        (batch, plan)
+        for plan, largest in frontier.items()
+        if largest is not None
+        for batch in space.batch_sizes
+        if batch <= largest and (batch, plan) not in tried
+    ]
+    # Measuring a plan's frontier also shows how far the plan reaches: it is valued at the largest batch
+    # size the plan could fit (one not measured yet may save more than the model assumes).
+    reach = {
+        (largest, plan): max(largest, model.largest_possible(plan, space.batch_sizes, limit) or largest)
+        for plan, largest in frontier.items()
+        if largest is not None
+    }
+
+    def optimistic(config: Configuration) -> float | None:
+        return speed.optimistic(reach.get(config, config[0]), config[1])
+
+    incumbent = best_record(records, limit)
+    bar = _bar(speed, incumbent)
+
+    def worth(config: Configuration) -> bool:
+        value = optimistic(config)
+        return bar is None or value is None or value > bar.high
+
+    def promise(config: Configuration) -> tuple[float, int, int]:
+        """Optimistic throughput (unknown before any reading: the space's plan order), then the larger batch."""
+        return (optimistic(config) or 0.0, -space.plans.index(config[1]), config[0])
+
+    # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
+    # what rules the recompute plans in or out.
+    first = next((c for c in untried if c[1] == space.plans[0]), None)
+    if first is not None and worth(first):
+        return Proposal(*first, "frontier")
+    best = max(candidates, key=promise, default=None)
+    if best is not None and worth(best):
+        return Proposal(*best, "frontier" if best[0] == frontier[best[1]] else "candidate")
+    if incumbent is None:  # nothing fits yet, and nothing left is predicted to
+        return Finished("no configuration left is predicted to fit")
+    name = f"{incumbent.plan}@{incumbent.batch_size}"
+    reason = (
+        f"no remaining configuration is predicted to beat {name} ({bar} samples/s) by more than its noise"
+    )
+    if best is None:
+        return Finished(f"{reason}; every configuration that could fit has been measured")
+    at_most = optimistic(best) or 0.0
+    return Finished(f"{reason}; the closest, {best[1]}@{best[0]}, could reach at most {at_most:,.1f}")
+
+
+def _bar(speed: ThroughputModel, incumbent: TrialRecord | None) -> Interval | None:
+    """The incumbent's throughput as all its readings say, with their noise: what a candidate must beat."""
+    if incumbent is None or incumbent.batch_size is None or incumbent.plan is None:
+        return None
+    return speed.pooled.get((incumbent.batch_size, incumbent.plan)) or incumbent.throughput
 
 
 def _calibration(
-    records: list[TrialRecord], space: SearchSpace, limit: int, tried: set[tuple[int | None, str | None]]
+    records: list[TrialRecord],
+    model: MemoryModel,
+    space: SearchSpace,
+    limit: int,
+    tried: set[tuple[int | None, str | None]],
 ) -> Proposal | None:
-    """The first plan's next calibration batch below the smallest one measured not to fit."""
-    first = space.plans[0]
-    failing = min(
-        (
-            r.batch_size
-            for r in records
-            if r.plan == first and r.measured and not r.fits(limit) and r.batch_size is not None
-        ),
-        default=None,
-    )
-    for batch in calibration_batches(space.batch_sizes):
-        if (batch, first) not in tried and (failing is None or batch < failing):
-            return Proposal(batch, first, "calibration")
+    """The calibration plan's next batch size below the smallest one measured not to fit; the plan is the
+    first one, or the one that saves the most if the first does not fit at the smallest batch size."""
+    smallest = space.batch_sizes[0]
+    for plan in dict.fromkeys((space.plans[0], most_saving(model, space))):
+        if any(not r.fits(limit) for r in _measured(records, smallest, plan)):
+            continue  # this plan cannot calibrate the model: it does not fit even at the smallest batch
+        ceiling = model.ceiling(plan, limit)
+        for batch in calibration_batches(space.batch_sizes):
+            if (batch, plan) not in tried and (ceiling is None or batch < ceiling):
+                return Proposal(batch, plan, "calibration")
+        if not _measured(records, smallest, plan):
+            return None  # its smallest batch is under way (another worker's): wait for its peak
     return None
+
+
+def most_saving(model: MemoryModel, space: SearchSpace) -> str:
+    """The plan expected to save the most memory per sample: the largest known saving, else one whose
+    saving is unknown (it may save anything; the last in the space, which orders plans from none towards
+    checkpointing more), else none."""
+
+    def saving(plan: str) -> tuple[float, bool, int]:
+        known = model.saving(plan)
+        return (known or 0.0, known is None, space.plans.index(plan))
+
+    return max(space.plans, key=saving)
+
+
+def hopeless(records: list[TrialRecord], model: MemoryModel, space: SearchSpace, limit: int) -> str | None:
+    """Why no configuration can fit, once the smallest batch size with the plan that saves the most was
+    measured not to fit (None while something still could)."""
+    smallest, plan = space.batch_sizes[0], most_saving(model, space)
+    failed = [r for r in _measured(records, smallest, plan) if not r.fits(limit)]
+    if not failed:
+        return None
+    lowest = min((r for r in records if r.measured), key=lambda r: r.peak_bytes or 0)
+    bound = "" if lowest.outcome is Outcome.COMPLETE else " at least"
+    return (
+        f"no configuration fits {format_bytes(limit)} (budget minus headroom): even batch {smallest} with "
+        f"the plan that saves the most ({plan}) does not; the smallest peak measured was{bound} "
+        f"{format_bytes(lowest.peak_bytes or 0)} (batch {lowest.batch_size}, plan {lowest.plan}, trial "
+        f"{lowest.number})"
+    )
+
+
+def _measured(records: list[TrialRecord], batch: int, plan: str) -> list[TrialRecord]:
+    return [r for r in records if (r.batch_size, r.plan) == (batch, plan) and r.measured]
 
 
 def calibration_batches(batch_sizes: tuple[int, ...]) -> list[int]:

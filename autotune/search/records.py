@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.budget import fits
 from autotune.core.enums import TextEnum
 from autotune.core.protocol import Outcome
+from autotune.core.stats import NOISE_FLOOR, Interval
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -48,6 +49,8 @@ class TrialRecord:
     note: str | None = None
     verified_peak_bytes: int | None = None
     verified_samples_per_sec: float | None = None
+    samples_per_sec_low: float | None = None  # the reading's interval (autotune.core.stats)
+    samples_per_sec_high: float | None = None
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -85,6 +88,17 @@ class TrialRecord:
     def fits(self, limit: int) -> bool:
         return fits(self.outcome, self.peak_bytes, limit)
 
+    @property
+    def throughput(self) -> Interval | None:
+        """Its samples/s with the reading's interval (a trial stored before intervals were: ±NOISE_FLOOR)."""
+        mid = self.samples_per_sec
+        if not mid:
+            return None
+        low, high = self.samples_per_sec_low, self.samples_per_sec_high
+        if low is None or high is None:
+            return Interval(mid * (1 - NOISE_FLOOR), mid, mid * (1 + NOISE_FLOOR))
+        return Interval(low, mid, high)
+
 
 _ATTRS = (
     "peak_bytes",
@@ -98,6 +112,8 @@ _ATTRS = (
     "note",
     "verified_peak_bytes",
     "verified_samples_per_sec",
+    "samples_per_sec_low",
+    "samples_per_sec_high",
 )
 
 

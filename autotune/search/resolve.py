@@ -10,8 +10,8 @@ from typing import Any
 
 import optuna
 
-from autotune.backends.probe import check_plans, saving_per_sample
-from autotune.backends.probe_report import ProbeReport
+from autotune.backends.probe import check_plans, forward_share, saving_per_sample
+from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
 from autotune.hardware.devices import Device, resolve_device
@@ -44,6 +44,8 @@ class ResolvedJob:
     savings: dict[str, float]  # the probe's predicted saving per sample of each plan
     runner: TrialRunner
     probes_run: int  # trials the probe took in this process (0 or 1)
+    forward_shares: dict[str, float]  # the probe's share of the forward pass each plan repeats
+    fixed_bytes: int | None  # the probe's weights, gradients and optimizer state
 
     def search(self, study: optuna.Study, reporter: Reporter, worker: str) -> Search:
         return Search(
@@ -57,10 +59,14 @@ class ResolvedJob:
             self.savings,
             grace=grace_seconds(),
             worker=worker,
+            forward_shares=self.forward_shares,
+            fixed_bytes=self.fixed_bytes,
+            headroom=self.limit.headroom,
+            exhaustive=self.spec.exhaustive,
         )
 
     def result(
-        self, best: BestRow, study: optuna.Study, new_trials: int, exhausted: bool, cached: bool = False
+        self, best: BestRow, study: optuna.Study, new_trials: int, stopped: str | None, cached: bool = False
     ) -> TuneResult:
         return TuneResult(
             study_name=self.study_row.study_name,
@@ -72,7 +78,7 @@ class ResolvedJob:
             records=tuple(records_of(study)),
             cached=cached,
             new_trials=new_trials,
-            exhausted=exhausted,
+            stopped=stopped,
         )
 
 
@@ -115,8 +121,9 @@ def resolve(
     space = build_space(spec.batch_sizes, spec.plans, probe)
     row = _study_row(spec, workload, limit, space)
     return ResolvedJob(
-        spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run
-    )
+        spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run,
+        _forward_shares(probe, space), _fixed_bytes(probe),
+    )  # fmt: skip
 
 
 def _study_row(spec: TuneSpec, workload: Workload, limit: Limit, space: SearchSpace) -> StudyRow:
@@ -125,6 +132,22 @@ def _study_row(spec: TuneSpec, workload: Workload, limit: Limit, space: SearchSp
     key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps)
     name = spec.study or default_study_name(workload, key)
     return StudyRow(name, workload.fingerprint, key, limit.budget_bytes, spec.headroom, space.as_dict())
+
+
+def _forward_shares(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:
+    """The share of the forward pass each plan of the space repeats, by the probe (none without one)."""
+    if probe is None:
+        return {}
+    shares = {plan: forward_share(probe, plan) for plan in space.plans if plan != "none"}
+    return {plan: share for plan, share in shares.items() if share is not None}
+
+
+def _fixed_bytes(probe: ProbeReport | None) -> int | None:
+    """What every configuration holds whatever its batch size or plan: weights, gradients and optimizer
+    state, by the probe (None without one, or for an ORT probe, which knows only the weights)."""
+    if not isinstance(probe, TorchProbeReport):
+        return None
+    return probe.weights_bytes + probe.gradients_bytes + (probe.optimizer_state_bytes or 0)
 
 
 def _savings(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:

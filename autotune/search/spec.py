@@ -42,6 +42,9 @@ class TuneSpec:
     study: str | None = None
     force: bool = False
     backend: Backend = Backend.TORCH
+    exhaustive: bool = (
+        False  # measure every plan's frontier and then sample until ``trials``: no stopping rule
+    )
     # Devices that run trials of this job beside ``device``, in this process (workers.Worker threads).
     # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
     helpers: tuple[str, ...] | None = None
@@ -81,6 +84,7 @@ class TuneSpec:
             "headroom": self.headroom,
             "seed": self.seed,
             "backend": self.backend.value,
+            "exhaustive": self.exhaustive,
         }
 
     @classmethod
@@ -107,6 +111,7 @@ class TuneSpec:
             storage=storage,
             study=study,
             backend=Backend.parse(data["backend"]),
+            exhaustive=bool(data.get("exhaustive", False)),  # jobs stored before the stopping rule: False
         )
 
 
@@ -129,7 +134,7 @@ def tune_spec(
         plans: plan strings, each possibly ';'-separated; empty: derived from the model.
         headroom: ``5%`` or ``0.05``.
         options: the other TuneSpec fields as they are (trials, settings, seed, device, cache_dir,
-            storage, study, force, helpers).
+            storage, study, force, exhaustive, helpers).
 
     Raises:
         InputError: a bad command, budget, batch-size list, plan, headroom or option, in one line.
@@ -157,4 +162,4 @@ class TuneResult:
     records: tuple[TrialRecord, ...]
     cached: bool  # answered from the database with zero trials
     new_trials: int
-    exhausted: bool  # the search stopped early: nothing new was left to try
+    stopped: str | None = None  # why the search stopped before ``trials`` (None: it ran them all, or cached)

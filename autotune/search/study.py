@@ -12,7 +12,9 @@ from autotune.search.records import TrialKind, TrialRecord, constraint_mib
 from autotune.search.space import SearchSpace
 from autotune.storage import Store, StudyRow
 
-SAMPLER_STARTUP_TRIALS = 5  # TPE's random start; the model's calibration and frontier come first anyway
+SAMPLER_STARTUP_TRIALS = (
+    0  # no random start: the calibration and model proposals before it are its warm start
+)
 
 
 def open_study(store: Store, row: StudyRow, seed: int | None, limit: int) -> optuna.Study:
@@ -57,6 +59,8 @@ def check_ours(store: Store, name: str) -> None:
         store.optuna.get_study_id_from_name(name)
     except KeyError:
         return
+    if store.study(name) is not None:  # another worker created both between the two reads (row first)
+        return
     raise InputError(
         f"study {name!r} in {store.display_url} was not created by autotune, which never writes to it: "
         "choose another --study"
@@ -89,6 +93,8 @@ def _warm_trial(record: TrialRecord, origin: str, space: SearchSpace, limit: int
             "outcome": record.outcome.value if record.outcome else None,
             "peak_bytes": record.peak_bytes,
             "samples_per_sec": record.samples_per_sec,
+            "samples_per_sec_low": record.samples_per_sec_low,
+            "samples_per_sec_high": record.samples_per_sec_high,
             "log_dir": record.log_dir,
             "note": f"from study {origin}",
             "kind": TrialKind.WARM_START.value,

@@ -223,6 +223,7 @@ def _result(
     report: TrialReport | None,
     workdir: Path,
 ) -> TrialResult:
+    speed = throughput(report) if outcome is Outcome.COMPLETE else None
     return TrialResult(
         outcome=outcome,
         batch_size=request.batch_size,
@@ -231,7 +232,9 @@ def _result(
         device_name=device.name,
         peak_bytes=reading.peak_bytes,
         memory_method=reading.method,
-        samples_per_sec=throughput(report) if outcome is Outcome.COMPLETE else None,
+        samples_per_sec=speed.mid if speed else None,
+        samples_per_sec_low=speed.low if speed else None,
+        samples_per_sec_high=speed.high if speed else None,
         step_seconds=report.step_seconds if report else (),
         wall_seconds=exit_info.wall_seconds,
         log_dir=str(workdir),

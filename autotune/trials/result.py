@@ -4,13 +4,13 @@ report, never from its logs."""
 from __future__ import annotations
 
 import signal
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.backends.probe_report import ModuleCandidate, ProbeReport
 from autotune.core.budget import fits
 from autotune.core.protocol import Outcome, TrialReport
+from autotune.core.stats import Interval, median_interval
 from autotune.trials.launcher import ProcessExit
 from autotune.trials.settings import TrialSettings
 
@@ -26,7 +26,7 @@ class TrialResult:
     device_name: str
     peak_bytes: int
     memory_method: str
-    samples_per_sec: float | None
+    samples_per_sec: float | None  # the median over the measured steps
     step_seconds: tuple[float, ...]
     wall_seconds: float
     log_dir: str
@@ -37,6 +37,15 @@ class TrialResult:
     candidates: tuple[ModuleCandidate, ...] | None = None  # the model's repeated module classes
     probe: ProbeReport | None = None  # a probe trial's report
     budget_bytes: int | None = None  # the budget it was measured against (measure --budget), if any
+    samples_per_sec_low: float | None = None  # the median's interval (autotune.core.stats)
+    samples_per_sec_high: float | None = None
+
+    @property
+    def throughput(self) -> Interval | None:
+        if self.samples_per_sec is None:
+            return None
+        low, high = self.samples_per_sec_low, self.samples_per_sec_high
+        return Interval(low or self.samples_per_sec, self.samples_per_sec, high or self.samples_per_sec)
 
     def fits(self, limit_bytes: int) -> bool:
         """Completed, and its measured peak is within ``limit_bytes``."""
@@ -77,8 +86,8 @@ def classify(
     return Outcome.FAILED, f"exited with code {exit_info.exit_code} before any training step was reported"
 
 
-def throughput(report: TrialReport | None) -> float | None:
-    """Median samples/s over the measured steps (warm-up excluded)."""
+def throughput(report: TrialReport | None) -> Interval | None:
+    """Median samples/s over the measured steps (warm-up excluded), with its interval."""
     if report is None or not report.step_seconds:
         return None
-    return statistics.median(n / s for n, s in zip(report.step_samples, report.step_seconds, strict=True))
+    return median_interval([n / s for n, s in zip(report.step_samples, report.step_seconds, strict=True)])

@@ -68,7 +68,7 @@ def _tune(
     elif (cached := job.store.best(name)) is not None:
         reporter.note(f"answered from {job.store.display_url} (study {name}): zero trials; --force re-tunes")
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
-        return job.result(cached, study, new_trials=0, exhausted=False, cached=True)
+        return job.result(cached, study, new_trials=0, stopped=None, cached=True)
     study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
     job.store.submit_job(job_row(spec, name, worker, JobState.RUNNING))
     job.store.set_job_state(name, JobState.RUNNING)
@@ -80,12 +80,12 @@ def _tune(
     helpers = _helper_devices(spec, job.device, env, nvml)
     with Heartbeat(job.store, worker), _helping(spec, name, helpers, env, reporter, nvml):
         try:
-            exhausted = search.run()
+            stopped = search.run()
             best = verify(search, spec.verify_settings)
         except (ScriptError, NoFitError) as e:
             job.store.set_job_state(name, JobState.FAILED, str(e))
             raise
-    return job.result(best, study, search.trials_run + job.probes_run, exhausted)
+    return job.result(best, study, search.trials_run + job.probes_run, stopped)
 
 
 def _helper_devices(spec: TuneSpec, device: Device, env: Mapping[str, str], nvml: Any) -> tuple[str, ...]:

@@ -1,14 +1,22 @@
-"""The proposal logic on hand-written trial records: exact proposals, no trial run, no database.
+"""The proposal logic on hand-written trial records: exact proposals and stops, no trial run, no database.
 
 A model with fixed memory F = 100 MiB and 10 MiB per sample under ``none``; the plan ``A:1`` saves 6 MiB
 per sample by the probe's prediction. The limit is 500 MiB, so ``none`` fits up to batch 40 and ``A:1``
-(4 MiB per sample) up to 100.
+(4 MiB per sample) up to 100. Throughputs follow ``b / (t0 + t1·b)`` and are read with ±1% noise.
 """
 
 from __future__ import annotations
 
 from autotune.core.protocol import Outcome
-from autotune.search.propose import Proposal, calibration_batches, model_of, propose
+from autotune.search.propose import (
+    Finished,
+    Proposal,
+    calibration_batches,
+    hopeless,
+    model_of,
+    propose,
+    speed_of,
+)
 from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
 
@@ -16,6 +24,16 @@ MiB = 2**20
 LIMIT = 500 * MiB
 SPACE = SearchSpace(batch_sizes=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128), plans=("none", "A:1"))
 SAVINGS = {"A:1": 6 * MiB}
+
+
+def saturating(batch: int) -> float:
+    """A step of 10 ms plus 10 ms per sample: 97 samples/s at batch 32, never above 100."""
+    return batch / (0.01 + 0.01 * batch)
+
+
+def knee(batch: int) -> float:
+    """A step of 100 ms plus 1 ms per sample: far from saturated at 32 (242/s), so a larger batch pays."""
+    return batch / (0.1 + 0.001 * batch)
 
 
 def trial(
@@ -26,8 +44,10 @@ def trial(
     outcome: Outcome = Outcome.COMPLETE,
     samples_per_sec: float = 100.0,
     kind: TrialKind = TrialKind.MEASURED,
+    noise: float = 0.01,
 ) -> TrialRecord:
     peak = int((100 + batch * per_sample_mib) * MiB)
+    speed = samples_per_sec if outcome is Outcome.COMPLETE else None
     return TrialRecord(
         number,
         "COMPLETE",
@@ -36,45 +56,126 @@ def trial(
         plan,
         outcome,
         peak,
-        samples_per_sec if outcome is Outcome.COMPLETE else None,
+        speed,
+        samples_per_sec_low=speed * (1 - noise) if speed else None,
+        samples_per_sec_high=speed * (1 + noise) if speed else None,
     )
 
 
-def next_for(records: list[TrialRecord], taken: set[tuple[int, str]] | None = None) -> Proposal | None:
-    return propose(records, model_of(records, SAVINGS), SPACE, LIMIT, taken or set())
+def next_for(
+    records: list[TrialRecord],
+    taken: set[tuple[int, str]] | None = None,
+    shares: dict[str, float] | None = None,
+    exhaustive: bool = False,
+) -> Proposal | Finished | None:
+    model = model_of(records, SAVINGS)
+    return propose(records, model, speed_of(records, shares), SPACE, LIMIT, taken or set(), exhaustive)
+
+
+def calibrated(curve=saturating) -> list[TrialRecord]:
+    return [
+        trial(0, 1, "none", 10, samples_per_sec=curve(1)),
+        trial(1, 4, "none", 10, samples_per_sec=curve(4)),
+    ]
 
 
 def test_calibration_starts_at_the_smallest_batch_then_about_four_times_it() -> None:
     assert calibration_batches(SPACE.batch_sizes) == [1, 4, 2]
     assert next_for([]) == Proposal(1, "none", "calibration")
-    assert next_for([trial(0, 1, "none", 10)]) == Proposal(4, "none", "calibration")
+    assert next_for(calibrated()[:1]) == Proposal(4, "none", "calibration")
 
 
 def test_a_calibration_batch_that_does_not_fit_bounds_the_next() -> None:
     """Batch 4 ran out of memory: calibration goes on below it, at 2."""
-    records = [trial(0, 1, "none", 10), trial(1, 4, "none", 10, Outcome.OOM)]
+    records = [trial(0, 1, "none", 10, samples_per_sec=50), trial(1, 4, "none", 10, Outcome.OOM)]
     assert next_for(records) == Proposal(2, "none", "calibration")
 
 
-def test_the_frontier_is_each_plan_s_largest_batch_that_fits() -> None:
-    records = [trial(0, 1, "none", 10), trial(1, 4, "none", 10)]
-    assert next_for(records) == Proposal(32, "none", "frontier")  # 100 + 32 x 10 = 420 <= 500; 48 -> 580
-    records.append(trial(2, 32, "none", 10))
-    # A:1 is predicted at 10 - 6 = 4 MiB per sample: 96 -> 484 MiB fits, 128 -> 612 does not
+def test_the_first_plan_s_frontier_comes_first() -> None:
+    assert next_for(calibrated()) == Proposal(32, "none", "frontier")  # 100 + 32 x 10 = 420; 48 -> 580
+
+
+def test_a_flat_throughput_curve_stops_the_search_at_once() -> None:
+    """none saturates at 100/s and reads 97 at batch 32: A:1 at 96 (its frontier, 484 MiB) could reach at
+    most ~101/(1 + 0.2 x 0.5) = 92 with the probe's 50% forward share, so no trial is worth it."""
+    records = [*calibrated(), trial(2, 32, "none", 10, samples_per_sec=saturating(32))]
+    stop = next_for(records, shares={"A:1": 0.5})
+    assert isinstance(stop, Finished)
+    assert stop.reason.startswith(
+        "no remaining configuration is predicted to beat none@32 (97.0 ±1% samples/s) by more than its noise"
+    )
+
+
+def test_without_a_forward_share_a_larger_batch_with_recompute_is_still_tried() -> None:
+    """Knowing nothing of A:1's cost, only dominance bounds it: at batch 96 it could beat none@32."""
+    records = [*calibrated(knee), trial(2, 32, "none", 10, samples_per_sec=knee(32))]
     assert next_for(records) == Proposal(96, "A:1", "frontier")
+
+
+def test_a_knee_where_recompute_pays_is_measured_then_the_search_stops() -> None:
+    records = [*calibrated(knee), trial(2, 32, "none", 10, samples_per_sec=knee(32))]
+    assert next_for(records, shares={"A:1": 0.3}) == Proposal(96, "A:1", "frontier")
+    records.append(trial(3, 96, "A:1", 4, samples_per_sec=knee(96) / 1.1))  # 10% slower than none would be
+    stop = next_for(records, shares={"A:1": 0.3})
+    assert isinstance(stop, Finished)
+    assert "beat A:1@96 (445.3 ±1% samples/s)" in stop.reason
+
+
+def test_a_measured_overhead_rules_a_plan_out() -> None:
+    """A:1 measured 40% slower than none at batch 32: at 96 it could reach at most what none reaches at
+    96 divided by ~1.37, below none@32, even on a curve far from saturated."""
+    records = [
+        *calibrated(knee),
+        trial(2, 32, "none", 10, samples_per_sec=knee(32)),
+        trial(3, 32, "A:1", 4, samples_per_sec=knee(32) / 1.4),
+    ]
+    assert next_for(records) == Proposal(96, "A:1", "frontier")  # 96/(0.196)/1.37 = 357 > 242: worth it
+    records.append(trial(4, 96, "A:1", 4, samples_per_sec=knee(96) / 1.4))  # 350: the incumbent now
+    assert isinstance(next_for(records), Finished)
+
+
+def test_exhaustive_measures_every_frontier_then_hands_over_to_the_sampler() -> None:
+    records = [*calibrated(), trial(2, 32, "none", 10, samples_per_sec=saturating(32))]
+    assert next_for(records, shares={"A:1": 0.5}, exhaustive=True) == Proposal(96, "A:1", "frontier")
+    records.append(trial(3, 96, "A:1", 4, samples_per_sec=80))
+    assert next_for(records, exhaustive=True) is None
 
 
 def test_a_measurement_overrules_the_prediction() -> None:
     """A:1 measured at 96 over the limit (it saves less than predicted): its frontier moves below 96."""
-    records = [trial(0, 1, "none", 10), trial(1, 4, "none", 10), trial(2, 32, "none", 10)]
-    records.append(trial(3, 96, "A:1", 5))  # 580 MiB: over the limit
+    records = [*calibrated(knee), trial(2, 32, "none", 10, samples_per_sec=knee(32))]
+    records.append(trial(3, 96, "A:1", 5, samples_per_sec=knee(96) / 1.05))  # 580 MiB: over the limit
     assert next_for(records) == Proposal(64, "A:1", "frontier")  # refitted at 5 MiB/sample: 64 -> 420
 
 
+def test_a_batch_over_the_limit_with_a_plan_that_saves_more_bounds_the_plans_that_save_less() -> None:
+    """A:1 (which saves more than none) did not fit at 16: none is not proposed at 16 or above, although the
+    model, fitted to none's small batches, predicts none fits up to 40."""
+    records = [*calibrated(knee), trial(2, 16, "A:1", 30, Outcome.OOM)]
+    model = model_of(records, SAVINGS)
+    assert model.ceiling("none", LIMIT) == 16
+    assert model.largest_fitting("none", SPACE.batch_sizes, LIMIT) == 8
+    assert next_for(records) == Proposal(8, "none", "frontier")
+
+
+def test_the_plan_that_saves_the_most_is_tried_when_the_first_does_not_fit_then_the_budget_is_hopeless() -> (
+    None
+):
+    records = [trial(0, 1, "none", 500, Outcome.OOM)]
+    assert next_for(records) == Proposal(1, "A:1", "calibration")
+    assert hopeless(records, model_of(records, SAVINGS), SPACE, LIMIT) is None
+    records.append(trial(1, 1, "A:1", 450))  # 550 MiB
+    why = hopeless(records, model_of(records, SAVINGS), SPACE, LIMIT)
+    assert why == (
+        "no configuration fits 500.00 MiB (budget minus headroom): even batch 1 with the plan that saves the "
+        "most (A:1) does not; the smallest peak measured was 550.00 MiB (batch 1, plan A:1, trial 1)"
+    )
+
+
 def test_configurations_leased_by_other_workers_are_not_proposed() -> None:
-    records = [trial(0, 1, "none", 10), trial(1, 4, "none", 10)]
+    records = calibrated(knee)
     assert next_for(records, {(32, "none")}) == Proposal(96, "A:1", "frontier")
-    assert next_for(records, {(32, "none"), (96, "A:1")}) is None  # the sampler's turn
+    assert next_for(records, {(32, "none"), (96, "A:1")}) == Proposal(64, "A:1", "candidate")
 
 
 def test_the_best_record_is_the_fastest_that_fits_and_ignores_verifications_and_copies() -> None:

@@ -39,7 +39,10 @@ SLOW = [
 
 
 def tuner(cache: Path, study: str, trials: int, storage: str | None = None) -> subprocess.Popen[str]:
-    options = f"--budget 300MiB --trials {trials} --study {study} --plans none;A --batch-sizes 1-64 --steps 2"
+    options = (
+        f"--budget 300MiB --trials {trials} --exhaustive --study {study} --plans none;A --batch-sizes 1-64"
+    )
+    options += " --steps 2"
     options += f" --warmup-steps 1 --device cpu --cache-dir {cache}"
     argv = [
         AUTOTUNE,

@@ -10,6 +10,7 @@ Fixed memory ≈ 35 MiB (interpreter + 20 MiB base), 8 MiB per sample; limit = 2
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -54,7 +55,15 @@ def study_trials(cache: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{cache / 'autotune.db'}").get_trials()
 
 
-def test_the_search_finds_the_exact_winner_and_never_an_over_budget_one(tmp_path) -> None:
+def measured(cache: Path, study: str) -> list[tuple[int, str]]:
+    trials = study_trials(cache, study)
+    return [(t.params["batch_size"], t.params["plan"]) for t in trials if t.user_attrs["kind"] == "measured"]
+
+
+def test_the_search_finds_the_exact_winner_in_six_trials_and_says_why_it_stopped(tmp_path) -> None:
+    """Calibration (the smallest batch, then ~4x), none's frontier, each plan once at that batch (it might
+    save enough to reach 128), A:1's frontier once its slope is measured; then B:1 at its frontier (96)
+    could reach at most ~none's speed at 96 divided by its measured overhead (1.7x): below A:1@48."""
     result = run(tmp_path, "--json", "--study", "exact")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -62,10 +71,40 @@ def test_the_search_finds_the_exact_winner_and_never_an_over_budget_one(tmp_path
     limit = data["limit_bytes"]
     assert limit == int(290 * MiB * 0.95)
     assert data["peak_bytes"] <= limit
+    assert measured(tmp_path, "exact") == [
+        (1, "none"),
+        (4, "none"),
+        (24, "none"),
+        (24, "A:1"),
+        (24, "B:1"),
+        (48, "A:1"),
+    ]
+    assert data["stopped"].startswith(
+        "stopped after 6 trials: no remaining configuration is predicted to beat A:1@48"
+    )
+    assert "the closest, B:1@96, could reach at most" in data["stopped"]
     trials = study_trials(tmp_path, "exact")
-    ran = [(t.params["batch_size"], t.params["plan"]) for t in trials if t.user_attrs["kind"] == "measured"]
-    # calibration (the smallest batch, then ~4x), then each plan's largest predicted fit, the unmeasured plans starting from
-    # none's slope (a safe overestimate) and moving up once measured.
+    for t in trials:
+        if t.user_attrs.get("kind") == "measured":
+            for name in ("outcome", "peak_bytes", "samples_per_sec", "samples_per_sec_low", "log_dir"):
+                assert name in t.user_attrs
+            assert Path(t.user_attrs["log_dir"], "stderr.log").exists()
+            fits = t.user_attrs["peak_bytes"] <= limit
+            assert (t.constraints["memory"] <= 0) == fits
+    verification = [t for t in trials if t.user_attrs["kind"] == "verification"]
+    assert [(t.params["batch_size"], t.params["plan"]) for t in verification] == [(48, "A:1")]
+    assert verification[0].user_attrs["peak_bytes"] <= limit
+
+
+def test_exhaustive_measures_every_frontier_then_samples_to_the_trials_asked(tmp_path) -> None:
+    """Each plan's largest predicted fit in the space's order, the unmeasured plans starting from none's
+    slope (a safe overestimate) and moving up once measured; then the sampler, to --trials."""
+    result = run(tmp_path, "--json", "--study", "exact", "--exhaustive")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["batch_size"], data["plan"]) == (48, "A:1")
+    assert data["stopped"] is None
+    ran = measured(tmp_path, "exact")
     assert ran[:7] == [
         (1, "none"),
         (4, "none"),
@@ -75,17 +114,7 @@ def test_the_search_finds_the_exact_winner_and_never_an_over_budget_one(tmp_path
         (24, "B:1"),
         (96, "B:1"),
     ]
-    assert sum(t.user_attrs["kind"] == "measured" and "outcome" in t.user_attrs for t in trials) == 10
-    for t in trials:
-        if t.user_attrs.get("kind") == "measured":
-            for name in ("outcome", "peak_bytes", "samples_per_sec", "log_dir"):
-                assert name in t.user_attrs
-            assert Path(t.user_attrs["log_dir"], "stderr.log").exists()
-            fits = t.user_attrs["peak_bytes"] <= limit
-            assert (t.constraints["memory"] <= 0) == fits
-    verification = [t for t in trials if t.user_attrs["kind"] == "verification"]
-    assert [(t.params["batch_size"], t.params["plan"]) for t in verification] == [(48, "A:1")]
-    assert verification[0].user_attrs["peak_bytes"] <= limit
+    assert len(ran) == 10
 
 
 def test_the_same_run_again_makes_no_trial_and_force_retunes(tmp_path) -> None:
@@ -166,15 +195,23 @@ def test_another_budget_starts_from_the_measured_trials(tmp_path) -> None:
     assert kinds.count("warm-start") >= 6
 
 
-def test_no_configuration_fits_is_one_line_and_keeps_the_trials(tmp_path) -> None:
-    result = run(tmp_path, "--study", "tiny", budget="30MiB", trials=4)
+def test_a_hopeless_budget_ends_in_two_trials_with_one_line_and_the_budget_it_needs(tmp_path) -> None:
+    """Batch 1 without a plan does not fit 30 MiB, nor with the plan that may save the most (B:1, the last
+    of the space, whose saving nothing predicts): exit 6 at once, not a search of ten trials."""
+    result = run(tmp_path, "--study", "tiny", budget="30MiB", trials=10)
     assert result.exit_code == 6
     last = result.output.strip().splitlines()[-1]
-    assert last.startswith(
-        "Error: no configuration fits 28.50 MiB (budget minus headroom): the smallest peak measured"
-    )
-    assert "(batch 1, plan none, trial 0); every trial is kept" in last
-    assert sum("outcome" in t.user_attrs for t in study_trials(tmp_path, "tiny")) >= 2
+    assert re.fullmatch(
+        r"Error: no configuration fits 28.50 MiB \(budget minus headroom\): even batch 1 with the plan that "
+        r"saves the most \(B:1\) does not; the smallest peak measured was at least ([\d.]+) MiB \(batch 1, "
+        r"plan (none|B:1), trial [01]\); it needs a budget of at least ([\d.]+) MiB",
+        last,
+    ), last
+    peak, needed = re.findall(r"at least ([\d.]+) MiB", last)
+    assert float(needed) == pytest.approx(float(peak) / 0.95, abs=0.01)
+    trials = study_trials(tmp_path, "tiny")
+    assert [(t.params["batch_size"], t.params["plan"]) for t in trials] == [(1, "none"), (1, "B:1")]
+    assert all(t.user_attrs["outcome"] == "over-budget" for t in trials)  # stopped by the guard at 28.5 MiB
 
 
 def test_a_script_that_always_fails_shows_its_own_stderr(tmp_path) -> None:
@@ -229,7 +266,7 @@ def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
     from conftest import EXAMPLES
 
     model = ["--", "--n-layer", "4", "--n-embd", "64", "--block-size", "64"]
-    options = f"--budget 700MiB --trials 5 --batch-sizes 2-48 --steps 2 --warmup-steps 1 --device cpu --cache-dir {tmp_path}"
+    options = f"--budget 700MiB --trials 5 --batch-sizes 2-48 --steps 2 --warmup-steps 1 --device cpu --exhaustive --cache-dir {tmp_path}"
     argv = ["run", *options.split(), "--json", str(EXAMPLES / "gpt.py"), *model]
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 0, result.output

@@ -41,7 +41,8 @@ MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25 --plan-effec
 
 def submit(storage: str, cache: Path, study: str, trials: int, step_seconds: float = 0.1) -> None:
     options = (
-        f"--budget 300MiB --trials {trials} --study {study} --plans none;A;B --batch-sizes 1-64 --steps 2"
+        f"--budget 300MiB --trials {trials} --exhaustive --study {study} --plans none;A;B --batch-sizes 1-64"
+        " --steps 2"
     )
     argv = [AUTOTUNE, "submit", *options.split(), "--warmup-steps", "1", "--storage", storage]
     argv += [
@@ -320,6 +321,7 @@ def test_run_with_helper_devices_runs_trials_of_its_job_in_parallel(tmp_path) ->
         ),
         budget=parse_budget("1GiB"),
         trials=8,
+        exhaustive=True,  # eight trials, whatever the stopping rule would say
         batch_sizes=(1, 2, 4, 8, 16, 32),
         plans=("none", "A"),
         settings=TrialSettings(1, 3, 60, 120),

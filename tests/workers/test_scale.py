@@ -25,7 +25,17 @@ BATCHES = ",".join(str(b) for b in range(1, 33))  # 32 batch sizes x 2 plans: 64
 def submit_jobs(storage: str, jobs: int, trials: int) -> list[str]:
     names = [f"scale-{j}" for j in range(jobs)]
     for j, name in enumerate(names):
-        argv = [AUTOTUNE, "submit", "--budget", "2GiB", "--trials", str(trials), "--study", name]
+        argv = [
+            AUTOTUNE,
+            "submit",
+            "--budget",
+            "2GiB",
+            "--trials",
+            str(trials),
+            "--exhaustive",
+            "--study",
+            name,
+        ]
         argv += ["--plans", "none;A", "--batch-sizes", BATCHES, "--steps", "1", "--warmup-steps", "1"]
         argv += ["--storage", storage, str(SYNTHETIC), "--", "--base-mib", "4", "--per-sample-mib", "0.05"]
         argv += ["--step-seconds", f"{0.01 + j / 10000:.4f}", "--plan-effects", "A=0.5:0.2"]  # own workloads

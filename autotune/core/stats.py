@@ -1,0 +1,60 @@
+"""How sure a throughput reading is: the median of a trial's per-step samples/s with an interval around it.
+
+The interval is the median's ~95% confidence interval that box plots draw as a notch (McGill, Tukey and
+Larsen, 1978): ``median ± 1.57 · IQR / √n``. With fewer than four steps it is the half range, and it is never
+narrower than ``NOISE_FLOOR`` of the median: two trials of one configuration on one machine differ by about
+that much even when their steps agree (the machine's clocks, caches and neighbours move between trials).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NOISE_FLOOR = 0.01  # the narrowest relative half-width a reading gets
+NOTCH = 1.57
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    mid: float
+    high: float
+
+    @property
+    def noise(self) -> float:
+        """Relative half-width: 0.05 is ±5%."""
+        return (self.high - self.low) / 2 / self.mid if self.mid > 0 else 0.0
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def __str__(self) -> str:
+        return f"{self.mid:,.1f} ±{100 * self.noise:.0f}%"
+
+
+def median_interval(values: Sequence[float]) -> Interval | None:
+    """The median of ``values`` with its interval (see the module docstring); None for no values."""
+    if not values:
+        return None
+    mid = statistics.median(values)
+    if len(values) >= 4:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        half = NOTCH * (q3 - q1) / math.sqrt(len(values))
+    else:
+        half = (max(values) - min(values)) / 2
+    half = max(half, NOISE_FLOOR * mid)
+    return Interval(mid - half, mid, mid + half)
+
+
+def pooled(readings: Sequence[Interval]) -> Interval | None:
+    """Several readings of one configuration as one: the median of their medians, its interval the widest
+    of (the readings' spread, the narrowest reading's own noise)."""
+    if not readings:
+        return None
+    mids = [r.mid for r in readings]
+    mid = statistics.median(mids)
+    half = max((max(mids) - min(mids)) / 2, min(r.noise for r in readings) * mid, NOISE_FLOOR * mid)
+    return Interval(mid - half, mid, mid + half)
