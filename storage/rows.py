@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.enums import TextEnum
+from autotune.core.stats import NOISE_FLOOR, Interval
 
 
 class JobState(TextEnum):
@@ -103,4 +104,15 @@ class BestRow:
     peak_bytes: int
     samples_per_sec: float
     verified_peak_bytes: int
-    verified_samples_per_sec: float
+    verified_samples_per_sec: float  # the median of all its readings (autotune.core.stats.pooled)
+    samples_per_sec_low: float | None = None  # their interval; None in a row stored before it was kept
+    samples_per_sec_high: float | None = None
+    readings: int | None = None  # how many readings the interval pools
+
+    @property
+    def throughput(self) -> Interval:
+        """The verified samples/s with its interval (±NOISE_FLOOR for a row stored without one)."""
+        mid, low, high = self.verified_samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high
+        if low is None or high is None:
+            return Interval(mid * (1 - NOISE_FLOOR), mid, mid * (1 + NOISE_FLOOR))
+        return Interval(low, mid, high)

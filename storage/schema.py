@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 VERSION_TABLE = "autotune_alembic_version"  # Optuna's own migrations use "alembic_version"
 
 metadata = sa.MetaData()
@@ -61,6 +61,10 @@ best = sa.Table(
     sa.Column("verified_peak_bytes", sa.BigInteger, nullable=False),
     sa.Column("verified_samples_per_sec", sa.Float, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # the interval of verified_samples_per_sec over ``readings`` readings (None: stored before 0003)
+    sa.Column("samples_per_sec_low", sa.Float, nullable=True),
+    sa.Column("samples_per_sec_high", sa.Float, nullable=True),
+    sa.Column("readings", sa.Integer, nullable=True),
 )
 
 jobs = sa.Table(

@@ -78,6 +78,7 @@ def console(stderr: bool = False) -> Console:
     Logs and pipes get 120 columns, not rich's 80: the trial table should not lose its last column there."""
     return Console(
         highlight=False,
+        emoji=False,  # a plan or an argument like "48:A:1" is text, never ":a:" drawn as an emoji
         soft_wrap=True,
         stderr=stderr,
         width=None if Console(stderr=stderr).is_terminal else 120,

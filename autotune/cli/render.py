@@ -12,6 +12,7 @@ from rich.table import Table
 from autotune.cli.console import as_json, key_values
 from autotune.cli.tables import checks_table, not_run_line, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
+from autotune.core.stats import Interval
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
     from autotune.results.best import BestAnswer
@@ -47,12 +48,18 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                     f"{format_bytes(best.verified_peak_bytes)} verified over a longer run "
                     f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})",
                 ),
-                ("throughput", f"{best.verified_samples_per_sec:,.1f} samples/s"),
+                ("throughput", speed_text(best.throughput, best.readings)),
             ]
         ),
         markup=False,
     )
     out.print(f'\nuse it:  eval "$({best_command(command, budget)})"', markup=False)
+
+
+def speed_text(speed: Interval, readings: int | None) -> str:
+    """``594.4 samples/s (590.1-598.7 over 3 readings)``: a throughput is never one bare number."""
+    over = f" over {readings} readings" if readings and readings > 1 else ""
+    return f"{speed.mid:,.1f} samples/s ({speed.low:,.1f}-{speed.high:,.1f}{over})"
 
 
 def best_command(command: Sequence[str], budget: str) -> str:
@@ -77,6 +84,9 @@ def as_json_text(result: TuneResult) -> str:
             "plan": result.best.plan,
             "peak_bytes": result.best.verified_peak_bytes,
             "samples_per_sec": result.best.verified_samples_per_sec,
+            "samples_per_sec_low": result.best.throughput.low,
+            "samples_per_sec_high": result.best.throughput.high,
+            "readings": result.best.readings,
             "trials": [r.__dict__ for r in result.records],
         }
     )
@@ -98,7 +108,7 @@ def best(out: Console, answer: BestAnswer, as_json_flag: bool, as_env: bool) -> 
                 ("batch size", str(answer.batch_size)),
                 ("plan", answer.plan),
                 ("peak", format_bytes(answer.peak_bytes)),
-                ("throughput", f"{answer.samples_per_sec:,.1f} samples/s"),
+                ("throughput", speed_text(answer.throughput, answer.readings)),
                 ("budget", format_bytes(answer.budget_bytes)),
                 ("source", answer.source),
             ]
@@ -132,6 +142,7 @@ def show(out: Console, report: StudyReport, as_json_flag: bool) -> None:
                     "study": row.study_name,
                     "budget_bytes": row.budget_bytes,
                     "limit_bytes": limit,
+                    "best": report.best.__dict__ if report.best else None,
                     "trials": [r.__dict__ for r in records],
                     "plan_checks": [c.__dict__ for c in checks],
                 }
@@ -143,6 +154,13 @@ def show(out: Console, report: StudyReport, as_json_flag: bool) -> None:
         f"study {row.study_name}: {row.script}, budget {format_bytes(row.budget_bytes)} "
         f"(limit {format_bytes(limit)})"
     )
+    if report.best is not None:
+        best = report.best
+        out.print(
+            f"best: batch {best.batch_size}, plan {best.plan}: {speed_text(best.throughput, best.readings)}, "
+            f"verified peak {format_bytes(best.verified_peak_bytes)}",
+            markup=False,
+        )
     out.print(trials_table(records, limit, workers=True))
     for line in (not_run_line(records), prediction_summary(records)):
         if line:

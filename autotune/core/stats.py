@@ -50,11 +50,18 @@ def median_interval(values: Sequence[float]) -> Interval | None:
 
 
 def pooled(readings: Sequence[Interval]) -> Interval | None:
-    """Several readings of one configuration as one: the median of their medians, its interval the widest
-    of (the readings' spread, the narrowest reading's own noise)."""
+    """Several readings of one configuration as one: the median of their medians. Its interval is the
+    widest of: the readings' spread (with three or more, robustly, ``1.96 · 1.4826 · MAD / √n``, so one
+    outlier among agreeing readings does not widen it; with two, their half range), the narrowest
+    reading's own noise, and NOISE_FLOOR."""
     if not readings:
         return None
     mids = [r.mid for r in readings]
     mid = statistics.median(mids)
-    half = max((max(mids) - min(mids)) / 2, min(r.noise for r in readings) * mid, NOISE_FLOOR * mid)
+    if len(mids) >= 3:
+        mad = statistics.median(abs(m - mid) for m in mids)
+        spread = 1.96 * 1.4826 * mad / math.sqrt(len(mids))
+    else:
+        spread = (max(mids) - min(mids)) / 2
+    half = max(spread, min(r.noise for r in readings) * mid, NOISE_FLOOR * mid)
     return Interval(mid - half, mid, mid + half)

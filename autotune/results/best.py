@@ -18,6 +18,7 @@ from autotune.core.errors import InputError, NoFitError
 from autotune.core.paths import cache_dir, default_storage_url
 from autotune.core.plans import Backend
 from autotune.core.protocol import BACKEND_ENV, BATCH_SIZE_ENV, PLAN_ENV
+from autotune.core.stats import Interval
 from autotune.hardware.devices import resolve_device
 from autotune.results.records import study_records
 from autotune.search.records import TrialRecord, best_record
@@ -40,6 +41,14 @@ class BestAnswer:
     backend: Backend = Backend.TORCH
     fingerprint: str = ""  # the workload's
     cache: str = ""  # autotune's cache dir, where an ORT plan's files live
+    samples_per_sec_low: float | None = None  # the interval of samples_per_sec (autotune.core.stats)
+    samples_per_sec_high: float | None = None
+    readings: int | None = None  # how many readings it pools
+
+    @property
+    def throughput(self) -> Interval:
+        low, high = self.samples_per_sec_low, self.samples_per_sec_high
+        return Interval(low or self.samples_per_sec, self.samples_per_sec, high or self.samples_per_sec)
 
     def env(self) -> dict[str, str]:
         """What a script needs to train with this configuration outside autotune. For the ORT backend also
@@ -144,6 +153,9 @@ def _stored(store: Store, row: StudyRow) -> BestAnswer | None:
         row.budget_bytes,
         True,
         f"verified winner of study {row.study_name}",
+        samples_per_sec_low=found.throughput.low,
+        samples_per_sec_high=found.throughput.high,
+        readings=found.readings,
     )
 
 
@@ -175,4 +187,7 @@ def _from_trials(store: Store, rows: list[StudyRow], budget_bytes: int, headroom
         False,
         f"not verified: the fastest of the measured trials that fit (trial {record.number} of study "
         f"{row.study_name})",
+        samples_per_sec_low=record.samples_per_sec_low,
+        samples_per_sec_high=record.samples_per_sec_high,
+        readings=1,
     )

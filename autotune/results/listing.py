@@ -11,7 +11,7 @@ from autotune.core.budget import Limit
 from autotune.core.errors import InputError
 from autotune.results.records import study_records
 from autotune.search.records import TrialRecord
-from autotune.storage import JobState, Store, StudyRow
+from autotune.storage import BestRow, JobState, Store, StudyRow
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class StudyReport:
     row: StudyRow
     records: list[TrialRecord]
     checks: list[PlanCheck]
+    best: BestRow | None = None  # the verified winner, once there is one
 
     @property
     def limit_bytes(self) -> int:
@@ -87,7 +88,7 @@ def show(store: Store, name: str) -> StudyReport:
     workload = store.workload(row.fingerprint)
     discovery = workload.discovery if workload is not None and workload.discovery else {}
     probe = probe_report_from_json(discovery.get("probe"))
-    return StudyReport(row, records, plan_checks(probe, records, row.space["plans"]))
+    return StudyReport(row, records, plan_checks(probe, records, row.space["plans"]), store.best(name))
 
 
 def plan_checks(probe: ProbeReport | None, records: list[TrialRecord], plans: list[str]) -> list[PlanCheck]:

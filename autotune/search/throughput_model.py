@@ -2,10 +2,11 @@
 
 A training step takes a fixed time ``t0`` (kernel launches, the optimizer step, synchronisation) plus ``t1``
 per sample, so throughput ``b / (t0 + t1·b)`` rises with the batch size and saturates at ``1/t1``. A
-recompute plan repeats part of the forward pass: at equal batch size its step is ``1 + overhead`` times as
-long. ``t0`` and ``t1`` are fitted to the reference plan's readings (``none`` when it was measured); a
-plan's overhead is measured once the plan has a reading, and until then predicted from the probe: the
-share of the forward pass the plan repeats, times the share of a step the forward pass takes.
+recompute plan repeats part of the forward pass of every sample: its per-sample time is ``1 + overhead``
+times as long, ``b / (t0 + t1·(1 + overhead)·b)``. ``t0`` and ``t1`` are fitted to the reference plan's
+readings (``none`` when it was measured); a plan's overhead is measured once the plan has a reading, and
+until then predicted from the probe: the share of the forward pass the plan repeats, times the share of
+the per-sample work a forward pass is (about a third: backward costs about twice the forward).
 
 Dominance follows: at equal batch size ``none`` is at least as fast as any recompute plan (an overhead is
 never negative against ``none``), and a plan that recomputes everything another plan does
@@ -15,7 +16,7 @@ The search asks for an *optimistic* prediction, the most a configuration could r
 and how noisy the readings were: the fit plus the readings' noise; beyond the largest batch measured, the
 flattest step-time line the noisy readings allow (with one batch size measured: throughput proportional to
 the batch, which no real step beats); for a plan, the smallest overhead its readings allow, or, unmeasured,
-its probe's share times FORWARD_SHARE_OF_STEP, the least share of a step a forward pass takes. A
+its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes. A
 configuration whose optimistic prediction cannot beat the incumbent by more than the noise is not worth a
 trial (autotune.search.propose).
 """
@@ -33,10 +34,11 @@ from autotune.core.errors import InputError
 from autotune.core.plans import parse_plan, recomputes_at_least
 from autotune.core.stats import NOISE_FLOOR, Interval, pooled
 
-# Backward costs about twice the forward, so a forward pass is about a third of a step; a fifth is the
-# least it takes in the models measured here (an optimizer step and a data loader add to the rest).
-FORWARD_SHARE_OF_STEP = 0.2
+FORWARD_SHARE_OF_STEP = 0.2  # the least share of a sample's work its forward pass takes: a bound
 EXPECTED_FORWARD_SHARE = 1 / 3  # what a prediction (not a bound) assumes
+PER_SAMPLE_SHARE_MIN = 0.05  # below this share of the step, per-sample time is too small to divide by
+
+Configuration = tuple[int, str]
 
 
 @dataclass(frozen=True)
@@ -47,25 +49,39 @@ class Reading:
 
 
 @dataclass(frozen=True)
+class Line:
+    """Step time = t0 + t1·batch (seconds)."""
+
+    t0: float
+    t1: float
+
+    def step(self, batch: int, overhead: float = 0.0) -> float:
+        return self.t0 + self.t1 * (1 + overhead) * batch
+
+    def speed(self, batch: int, overhead: float = 0.0) -> float:
+        step = self.step(batch, overhead)
+        return batch / step if step > 0 else float("inf")
+
+
+@dataclass(frozen=True)
 class ThroughputModel:
-    reference: str | None = None  # the plan t0 and t1 were fitted to
-    t0: float | None = None  # seconds per step, fitted (None: fewer than two batch sizes measured)
-    t1: float | None = None  # seconds per sample, fitted
+    reference: str | None = None  # the plan the lines were fitted to
+    line: Line | None = None  # least squares (None: fewer than two batch sizes of the reference measured)
+    flat: Line | None = None  # the flattest line the readings allow within their noise
     largest: int = 0  # the largest batch size of the reference plan that was measured
-    flat: tuple[float, float] = (0.0, 0.0)  # (t0, t1) of the flattest line the readings allow
-    noise: float = NOISE_FLOOR  # the reference plan's readings' relative noise
+    noise: float = NOISE_FLOOR  # the reference plan's readings' largest relative noise
     overhead: dict[str, Interval] = field(default_factory=dict)  # measured, per plan
     forward_shares: dict[str, float] = field(default_factory=dict)  # the probe's, per plan
-    pooled: dict[tuple[int, str], Interval] = field(
+    pooled: dict[Configuration, Interval] = field(
         default_factory=dict
-    )  # the readings of each configuration
+    )  # each configuration, all its readings
 
     @classmethod
     def fit(
         cls, readings: Sequence[Reading], forward_shares: dict[str, float] | None = None
     ) -> ThroughputModel:
         shares = dict(forward_shares or {})
-        grouped: dict[tuple[int, str], list[Interval]] = defaultdict(list)
+        grouped: dict[Configuration, list[Interval]] = defaultdict(list)
         for r in readings:
             grouped[(r.batch_size, r.plan)].append(r.throughput)
         configs = {key: p for key, values in grouped.items() if (p := pooled(values)) is not None}
@@ -74,17 +90,14 @@ class ThroughputModel:
             by_plan[plan][batch] = speed
         if not by_plan:
             return cls(forward_shares=shares)
-        reference = (
-            "none" if "none" in by_plan else max(by_plan, key=lambda p: (len(by_plan[p]), p == "none"))
-        )
+        reference = "none" if "none" in by_plan else max(by_plan, key=lambda p: len(by_plan[p]))
         base = by_plan[reference]
-        t0, t1, flat = _fit_line(base)
+        line, flat = _fit_lines(base)
         model = cls(
             reference=reference,
-            t0=t0,
-            t1=t1,
-            largest=max(base),
+            line=line,
             flat=flat,
+            largest=max(base),
             noise=max(s.noise for s in base.values()),
             forward_shares=shares,
             pooled=configs,
@@ -92,47 +105,34 @@ class ThroughputModel:
         overhead = {
             plan: o
             for plan, points in by_plan.items()
-            if plan != reference and (o := model._overhead(points))
+            if plan != reference and (o := model._measured_overhead(points)) is not None
         }
         return dataclasses.replace(model, overhead=overhead)
 
-    @property
-    def fitted(self) -> bool:
-        return self.t0 is not None and self.t1 is not None
-
-    def reference_step(self, batch: int) -> float | None:
-        """Seconds per step of the reference plan at ``batch`` (None before two batch sizes are measured)."""
-        if self.t0 is None or self.t1 is None:
-            return None
-        return self.t0 + self.t1 * batch
-
     def predict(self, batch: int, plan: str) -> float | None:
-        """Expected samples/s of ``plan`` at ``batch`` (None before the fit)."""
-        step = self.reference_step(batch)
-        if step is None or step <= 0:
+        """Expected samples/s of ``plan`` at ``batch`` (None before two batch sizes were measured)."""
+        if self.line is None:
             return None
-        return batch / step / (1 + self._overhead_estimate(plan))
+        return self.line.speed(batch, self._expected_overhead(plan))
 
     def optimistic(self, batch: int, plan: str) -> float | None:
         """The most ``plan`` at ``batch`` could reach (see the module docstring); None with no reading."""
-        if self.reference is None:
+        if self.reference is None or self.flat is None:
             return None
-        flat_t0, flat_t1 = self.flat
-        at = max(batch, self.largest)  # below the largest batch measured, the flattest line is flat at it
-        flat = at / (flat_t0 + flat_t1 * at) if flat_t0 + flat_t1 * at > 0 else float("inf")
-        fitted = self.predict(batch, self.reference)
-        if fitted is None:
-            base = flat
-        elif batch > self.largest:
-            base = max(fitted * (1 + self.noise), flat)
-        else:
-            base = fitted * (1 + self.noise)
-        return base / (1 + self.least_overhead(plan))
+        overhead = self.least_overhead(plan)
+        # Below the largest batch measured, the flattest line is taken at it: throughput never falls with
+        # a larger batch, so what it allows there bounds every smaller one.
+        flat = self.flat.speed(max(batch, self.largest), overhead)
+        if self.line is None:
+            return flat
+        fitted = self.line.speed(batch, overhead) * (1 + self.noise)
+        return max(fitted, flat) if batch > self.largest else fitted
 
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
         less than what a plan it recomputes at least as much as was measured at; unmeasured, its probe's
-        forward share times FORWARD_SHARE_OF_STEP; 0 for the reference plan and anything unknown."""
+        forward share times FORWARD_SHARE_OF_STEP; 0 for the reference plan and anything unknown. Against
+        ``none`` it is never negative."""
         if plan == self.reference:
             return 0.0
         own = self.overhead.get(plan)
@@ -142,7 +142,7 @@ class ThroughputModel:
                 least = max(least, measured.low)
         return max(least, 0.0) if self.reference == "none" else least
 
-    def _overhead_estimate(self, plan: str) -> float:
+    def _expected_overhead(self, plan: str) -> float:
         if plan == self.reference:
             return 0.0
         own = self.overhead.get(plan)
@@ -150,43 +150,63 @@ class ThroughputModel:
             return own.mid
         return self.forward_shares.get(plan, 0.0) * EXPECTED_FORWARD_SHARE
 
-    def _overhead(self, points: dict[int, Interval]) -> Interval | None:
-        """A plan's overhead from its readings: its step time over the reference plan's at the same batch
-        size (measured there, or fitted), minus one; the interval from both readings' noise."""
-        ratios = []
+    def _measured_overhead(self, points: dict[int, Interval]) -> Interval | None:
+        """A plan's overhead from its readings: how much longer its per-sample time is than the reference
+        plan's at the same batch size (measured there, or fitted), with both readings' noise. Where the
+        per-sample time is too small a share of the step to divide by, the whole step's ratio, which is
+        smaller: an optimistic bound stays a bound."""
+        estimates = []
         for batch, speed in points.items():
             ref = self.pooled.get((batch, self.reference or ""))
-            ref_speed = ref.mid if ref is not None else self.predict(batch, self.reference or "")
-            if ref_speed is None:
+            if ref is not None:
+                ref_step, ref_noise = batch / ref.mid, ref.noise
+            elif self.line is not None:
+                ref_step, ref_noise = self.line.step(batch), self.noise
+            else:
                 continue
-            noise = speed.noise + (ref.noise if ref is not None else self.noise)
-            ratio = ref_speed / speed.mid  # step time ratio at equal batch size
-            ratios.append(Interval(ratio * (1 - noise) - 1, ratio - 1, ratio * (1 + noise) - 1))
-        if not ratios:
+            step = batch / speed.mid
+            noise = speed.noise + ref_noise
+            per_sample = self.line.t1 * batch if self.line is not None else 0.0
+            if per_sample < PER_SAMPLE_SHARE_MIN * ref_step:
+                per_sample = ref_step  # the whole step's ratio
+            extra = step - ref_step
+            estimates.append(
+                Interval(
+                    (extra - noise * step) / per_sample,
+                    extra / per_sample,
+                    (extra + noise * step) / per_sample,
+                )
+            )
+        if not estimates:
             return None
         return Interval(
-            min(r.low for r in ratios), float(np.median([r.mid for r in ratios])), max(r.high for r in ratios)
+            min(e.low for e in estimates),
+            float(np.median([e.mid for e in estimates])),
+            max(e.high for e in estimates),
         )
 
 
-def _fit_line(points: dict[int, Interval]) -> tuple[float | None, float | None, tuple[float, float]]:
-    """Step time = t0 + t1·batch, least squares with t0, t1 >= 0, and the flattest line the noise allows."""
+def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:
+    """The least-squares line (t0, t1 >= 0; None for one batch size) and the flattest line the readings'
+    noise allows: through the slowest step the smallest batch's reading allows and the fastest the largest
+    batch's allows. With one batch size: its fastest step as a fixed time, throughput proportional to the
+    batch."""
     batches = sorted(points)
-    steps = np.array([b / points[b].mid for b in batches])
     low, high = batches[0], batches[-1]
-    slow_at_low = low / points[low].low  # the slowest step the smallest batch's reading allows
-    fast_at_high = high / points[high].high  # the fastest the largest batch's allows
-    if len(batches) < 2:  # one batch size: throughput proportional to the batch is the most it can be
-        return None, None, (fast_at_high, 0.0)
+    fast_at_high = high / points[high].high
+    if len(batches) < 2:
+        return None, Line(fast_at_high, 0.0)
+    slow_at_low = low / points[low].low
     flat_t1 = max((fast_at_high - slow_at_low) / (high - low), 0.0)
-    flat_t0 = max(fast_at_high - flat_t1 * high, 0.0)
+    flat = Line(max(fast_at_high - flat_t1 * high, 0.0), flat_t1)
     b = np.array(batches, dtype=float)
+    steps = np.array([x / points[x].mid for x in batches])
     t0, t1 = np.linalg.lstsq(np.stack([np.ones_like(b), b], axis=1), steps, rcond=None)[0]
-    if t1 < 0:  # a step that gets faster with more samples is noise: constant step time
+    if t1 < 0:  # a step that gets faster with more samples is noise: a constant step time
         t0, t1 = float(np.mean(steps)), 0.0
     elif t0 < 0:  # no fixed cost: per-sample time only
         t0, t1 = 0.0, float(np.sum(steps * b) / np.sum(b * b))
-    return float(t0), float(t1), (flat_t0, flat_t1)
+    return Line(float(t0), float(t1)), flat
 
 
 def _recomputes_at_least(plan: str, other: str) -> bool:

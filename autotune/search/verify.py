@@ -1,8 +1,18 @@
-"""Verification: the fastest fitting configurations, in order, are re-run longer (3x the measured steps,
-at least 10) until one stays under the limit; that one is stored as the study's best plan.
+"""Verification: the winner is chosen on repeated, longer readings, never on one.
 
-Verifications are leased like trials (kind ``verify``): one worker verifies each configuration, a dead
-verifier's configuration is verified once more, and the others wait (``Step.BUSY``).
+The fastest fitting configuration (the *leader*) is re-run longer (3x the measured steps, at least 10). The
+configurations whose throughput interval overlaps the leader's are its *rivals* (at most two); so is the
+next best when the leader's verified reading falls below that configuration's interval (a busy machine
+once made a one-reading winner of a configuration that verified at half its speed). With rivals, every
+contender is re-run longer, interleaved (A B C A B C: a load that comes and goes falls on all of them),
+ROUNDS times. Each contender's throughput is then the median of all its readings, the search's included
+(autotune.core.stats.pooled); the fastest wins, and among those within its noise the one with the smaller
+peak, so the same job on the same machine gives the same answer run after run. A contender whose longer
+run does not fit is out; if the leader is, the next configuration is verified, up to MAX_VERIFICATIONS.
+
+Verifications are leased like trials (kind ``verify``, on the leader): one worker runs the comparison, a
+dead verifier's is run once more by another (the readings already stored count), and the others wait
+(``Step.BUSY``).
 """
 
 from __future__ import annotations
@@ -11,15 +21,19 @@ import time
 
 from autotune.core.budget import format_bytes
 from autotune.core.errors import NoFitError
+from autotune.core.stats import Interval
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
+from autotune.search.propose import Configuration, speed_of
 from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
 
-MAX_VERIFICATIONS = 3
+MAX_VERIFICATIONS = 3  # leaders verified before the search gives up
+MAX_CONTENDERS = 3  # the leader and at most two rivals are measured again
+ROUNDS = 2  # interleaved longer runs of each contender
 POLL_SECONDS = 0.5
 
 
@@ -56,10 +70,10 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
             return Step.BUSY, None
         records = records_of(search.study)
         tried = {(x.batch_size, x.plan) for x in leases}
-        candidate = best_record([r for r in records if (r.batch_size, r.plan) not in tried], search.limit)
+        candidate = next((c for c, _ in _fitting_configs(search) if c not in tried), None)
         if len(tried) >= MAX_VERIFICATIONS or candidate is None:
             raise NoFitError(_no_fit_message(records, search.limit))
-        batch, plan = candidate.batch_size or 0, candidate.plan or "none"
+        batch, plan = candidate
         lease = store.claim(name, LeaseKind.VERIFY, batch, plan, 0, search.worker, search.device)
         if lease is None:
             return Step.MISSED, None
@@ -67,60 +81,185 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
 
 
 def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> BestRow | None:
-    """Verify the configuration of ``lease``: the best plan if it stays under the limit."""
-    config = (lease.batch_size, lease.plan)
-    candidate = best_record(
-        [r for r in records_of(search.study) if (r.batch_size, r.plan) == config], search.limit
-    )
-    if candidate is None:  # only possible for a stale queued retry: nothing to verify any more
+    """Verify the leader of ``lease`` against its rivals: the best plan, stored, if a contender fits."""
+    leader = (lease.batch_size, lease.plan)
+    if _fitting(search, leader) is None:  # only possible for a stale queued retry: nothing to verify any more
         search.store.end_lease(lease.id, LeaseState.FAILED, "no fitting trial of this configuration")
         return None
-    result = _run_verification(search, lease, candidate, settings)
-    if result.fits(search.limit) and result.samples_per_sec:
-        best = BestRow(
-            search.name,
-            candidate.number,
-            lease.batch_size,
-            lease.plan,
-            candidate.peak_bytes or 0,
-            candidate.samples_per_sec or 0.0,
-            result.peak_bytes,
-            result.samples_per_sec,
+    contenders = [leader, *_rivals(search, leader)]
+    if len(contenders) == 1:
+        result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
+        if not result.fits(search.limit):
+            _failed(search, lease, leader, result)
+            return None
+        challenger = _challenger(search, leader, result)
+        if challenger is None:
+            return _store(search, lease, leader)
+        search.reporter.note(
+            f"{_name(leader)} verified at {result.throughput} samples/s, below {_name(challenger)}'s "
+            f"interval: both are measured again, interleaved"
         )
-        search.store.save_best(best)
-        search.store.set_job_state(search.name, JobState.DONE)
-        search.store.end_lease(lease.id, LeaseState.DONE)
-        return best
-    search.store.end_lease(lease.id, LeaseState.FAILED, f"verification {result.outcome.value}")
-    search.reporter.note(
-        f"trial {candidate.number} failed verification ({result.outcome.value}, peak "
-        f"{format_bytes(result.peak_bytes)}); trying the next configuration"
+        contenders.append(challenger)
+    fitting = set(contenders)
+    for round_ in range(1, ROUNDS + 1):
+        for config in contenders:
+            if config in fitting:
+                note = f"re-measures trial {{trial}} (round {round_} of {ROUNDS})"
+                result = _run_verification(search, lease, config, settings, note)
+                if not result.fits(search.limit):
+                    fitting.discard(config)
+    if not fitting:
+        _failed(search, lease, leader, result)
+        return None
+    return _store(search, lease, _choose(search, [c for c in contenders if c in fitting]))
+
+
+def _fitting(search: Search, config: Configuration) -> TrialRecord | None:
+    """The fastest trial of ``config`` measured in the search that fits."""
+    return best_record(
+        [r for r in records_of(search.study) if (r.batch_size, r.plan) == config], search.limit
     )
+
+
+def _readings(search: Search) -> dict[Configuration, Interval]:
+    """Every configuration's throughput over all its readings (search, warm start and verifications)."""
+    return speed_of(records_of(search.study)).pooled
+
+
+def _fitting_configs(search: Search) -> list[tuple[Configuration, Interval]]:
+    """Configurations with a fitting trial that no verification found over the limit, fastest first by all
+    their readings (then the smaller batch: a stable order)."""
+    records = records_of(search.study)
+    failed = {
+        (x.batch_size, x.plan)
+        for x in search.store.leases(search.name, kinds=(LeaseKind.VERIFY,))
+        if x.state is LeaseState.FAILED
+    }
+    configs: set[Configuration] = set()
+    for r in records:
+        if r.batch_size is None or r.plan is None:
+            continue
+        if r.kind is TrialKind.VERIFICATION and r.outcome is not None and not r.fits(search.limit):
+            failed.add((r.batch_size, r.plan))
+        elif r.kind in (TrialKind.MEASURED, TrialKind.WARM_START) and r.fits(search.limit):
+            configs.add((r.batch_size, r.plan))
+    readings = _readings(search)
+    ranked = [(c, readings[c]) for c in configs - failed if c in readings]
+    return sorted(ranked, key=lambda pair: (-pair[1].mid, pair[0]))
+
+
+def _rivals(search: Search, leader: Configuration) -> list[Configuration]:
+    """The configurations that could be as fast as the leader (at most MAX_CONTENDERS - 1, the likeliest
+    first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
+    configuration's readings predicts them within it (a slow reading of a configuration the rest of the
+    landscape says is fast is the machine's noise, not the configuration's speed)."""
+    ranked = _fitting_configs(search)
+    own = dict(ranked).get(leader)
+    if own is None:
+        return []
+    records = records_of(search.study)
+    likely: dict[Configuration, float] = {}
+    for config, reading in ranked:
+        others = speed_of([r for r in records if (r.batch_size, r.plan) != config], search.forward_shares)
+        # Only what the others measured predicts a configuration: its plan's overhead or the curve itself.
+        known = config[1] == others.reference or config[1] in others.overhead
+        predicted = (others.predict(*config) or 0.0) if known else 0.0
+        if config != leader and (reading.overlaps(own) or predicted >= own.low):
+            likely[config] = max(reading.mid, predicted)
+    return sorted(likely, key=lambda c: -likely[c])[: MAX_CONTENDERS - 1]
+
+
+def _challenger(search: Search, leader: Configuration, result: TrialResult) -> Configuration | None:
+    """The best other configuration whose interval lies above the leader's verified reading, if any."""
+    verified = result.throughput
+    for config, speed in _fitting_configs(search):
+        if config != leader and verified is not None and verified.high < speed.low:
+            return config
     return None
 
 
+def _choose(search: Search, contenders: list[Configuration]) -> Configuration:
+    """The fastest contender by all its readings; among those within its noise, the smaller peak."""
+    readings = _readings(search)
+    fastest = max(contenders, key=lambda c: readings[c].mid)
+    bar = readings[fastest].mid * (1 - readings[fastest].noise)
+    close = [c for c in contenders if readings[c].mid >= bar]
+    return min(close, key=lambda c: (_peak(search, c), -readings[c].mid))
+
+
+def _peak(search: Search, config: Configuration) -> int:
+    """The largest peak any reading of ``config`` measured."""
+    return max(
+        (
+            r.peak_bytes or 0
+            for r in records_of(search.study)
+            if (r.batch_size, r.plan) == config and r.measured
+        ),
+        default=0,
+    )
+
+
+def _store(search: Search, lease: Lease, config: Configuration) -> BestRow:
+    records = [r for r in records_of(search.study) if (r.batch_size, r.plan) == config]
+    trial = best_record(records, search.limit)
+    assert trial is not None  # a contender has a fitting trial
+    checks = [r for r in records if r.kind is TrialKind.VERIFICATION and r.outcome is not None]
+    speed = _readings(search)[config]
+    best = BestRow(
+        search.name,
+        trial.number,
+        config[0],
+        config[1],
+        trial.peak_bytes or 0,
+        trial.samples_per_sec or 0.0,
+        max(r.peak_bytes or 0 for r in checks),
+        speed.mid,
+        speed.low,
+        speed.high,
+        len([r for r in records if r.samples_per_sec]),
+    )
+    search.store.save_best(best)
+    search.store.set_job_state(search.name, JobState.DONE)
+    search.store.end_lease(lease.id, LeaseState.DONE)
+    return best
+
+
+def _failed(search: Search, lease: Lease, config: Configuration, result: TrialResult) -> None:
+    search.store.end_lease(lease.id, LeaseState.FAILED, f"verification {result.outcome.value}")
+    search.reporter.note(
+        f"{_name(config)} failed verification ({result.outcome.value}, peak "
+        f"{format_bytes(result.peak_bytes)}); trying the next configuration"
+    )
+
+
+def _name(config: Configuration) -> str:
+    return f"{config[1]}@{config[0]}"
+
+
 def _run_verification(
-    search: Search, lease: Lease, candidate: TrialRecord, settings: TrialSettings
+    search: Search, lease: Lease, config: Configuration, settings: TrialSettings, what: str
 ) -> TrialResult:
-    """The verification trial of ``candidate``, asked, run and told."""
-    trial = search.ask_fixed(lease.batch_size, lease.plan)
+    """A longer trial of ``config``, asked, run and told (kind ``verification``); ``what`` is its note, with
+    ``{trial}`` for the number of the configuration's fitting trial."""
+    batch, plan = config
+    first = _fitting(search, config)
+    note = what.format(trial=first.number if first is not None else "?")
+    trial = search.ask_fixed(batch, plan)
     for key, value in {
         "kind": TrialKind.VERIFICATION.value,
         "proposed_by": "verification",
-        "note": f"verifies trial {candidate.number}",
+        "note": note,
         "worker": search.worker,
         "lease": lease.id,
         "device": search.device,
     }.items():
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
-    search.reporter.trial_started(
-        trial.number, lease.batch_size, lease.plan, f"verifying trial {candidate.number}"
-    )
+    search.reporter.trial_started(trial.number, batch, plan, note)
     try:
         result = search.runner(
-            lease.batch_size,
-            lease.plan,
+            batch,
+            plan,
             poll=search.reporter.trial_progress,
             settings=settings,
             interruptible=search.shield.allow,
@@ -133,7 +272,7 @@ def _run_verification(
         search.store.forget_lease(lease.id)
         raise
     tell_result(search.study, trial, result, search.limit)
-    search.reporter.trial_finished(records_of(search.study)[trial.number], candidate)
+    search.reporter.trial_finished(records_of(search.study)[trial.number], first)
     return result
 
 

@@ -6,6 +6,7 @@ autotune.step(). Flags add the misbehaviours the launcher must survive.
 
 import argparse
 import os
+import random
 import signal
 import sys
 import time
@@ -25,6 +26,27 @@ def plan_effect(spec: str, plan: str) -> tuple[float, float]:
         saving, _, overhead = values.partition(":")
         effects[cls] = (float(saving), float(overhead))
     return effects.get(plan.split(":")[0], (0.0, 0.0))
+
+
+def count_reading(state_dir: str | None, batch: int, plan: str) -> int:
+    """How many trials of (batch, plan) ran before this one (0 without a state dir)."""
+    if state_dir is None:
+        return 0
+    path = os.path.join(state_dir, f"{batch}-{plan.replace('/', '_')}.count")
+    with open(path, "a+") as f:
+        f.seek(0)
+        before = len(f.read())
+        f.write("x")
+    return before
+
+
+def slow_factor(spec: str, batch: int, plan: str, reading: int) -> float:
+    """FACTOR of ``BATCH:PLAN#N=FACTOR`` in ``spec`` for this trial (1 if it is not named)."""
+    for item in filter(None, spec.split(",")):
+        config, _, factor = item.partition("=")
+        if config == f"{batch}:{plan}#{reading}":
+            return float(factor)
+    return 1.0
 
 
 def main() -> None:
@@ -49,6 +71,21 @@ def main() -> None:
         help="CLS=SAVING:OVERHEAD,...: the plan naming CLS keeps (1-SAVING) of the per-sample memory "
         "and makes the per-sample time (1+OVERHEAD) longer",
     )
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="each step takes up to about this much longer at random, (1 + NOISE x |N(0,1)|) times: load "
+        "only ever slows a step",
+    )
+    p.add_argument(
+        "--slow",
+        default="",
+        help="BATCH:PLAN#N=FACTOR,...: the N-th trial (from 0) of that configuration, counted in "
+        "--state-dir, runs FACTOR times slower, as on a machine busy for that one trial",
+    )
+    p.add_argument("--state-dir", default=None, help="where trials of each configuration are counted")
+    p.add_argument("--seed", type=int, default=None, help="seed of --noise, per configuration and trial")
     args = p.parse_args()
     saving, overhead = plan_effect(args.plan_effects, os.environ.get("AUTOTUNE_PLAN", "none"))
 
@@ -78,6 +115,11 @@ def main() -> None:
     batch = autotune.batch_size(default=1)
     held = touched(args.base_mib + batch * args.per_sample_mib * (1 - saving))  # noqa: F841
     step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
+    plan = os.environ.get("AUTOTUNE_PLAN", "none")
+    reading = count_reading(args.state_dir, batch, plan)
+    step_seconds *= slow_factor(args.slow, batch, plan, reading)
+    seed = None if args.seed is None else f"{args.seed}:{batch}:{plan}:{reading}"
+    jitter = random.Random(seed)
     if args.never_step:
         while True:
             time.sleep(1)
@@ -90,7 +132,7 @@ def main() -> None:
         if step == args.oom_at:
             raise MemoryError(f"synthetic allocation failure at step {step}")
         spike = touched(args.spike_mib) if step == 1 else None
-        time.sleep(step_seconds)
+        time.sleep(step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
         del spike
         autotune.step()
     sys.stdout.write("finished all steps\n")

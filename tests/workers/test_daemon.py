@@ -295,14 +295,14 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     )
     assert proc.returncode == 0, proc.stderr
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0002",)]
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0003",)]
         assert conn.execute("SELECT count(*) FROM autotune_leases").fetchall() == [(0,)]
     assert len(optuna.load_study(study_name="old", storage=f"sqlite:///{path}").trials) == 3
     backups = list(tmp_path.glob("autotune.db.backup-0001-*"))
     assert len(backups) == 1
     with sqlite3.connect(backups[0]) as conn:
         assert conn.execute("SELECT count(*) FROM trials").fetchall() == [(3,)]
-    upgraded = f"autotune upgraded its tables from schema 0001 to 0002; the old one is kept at {backups[0]}"
+    upgraded = f"autotune upgraded its tables from schema 0001 to 0003; the old one is kept at {backups[0]}"
     assert upgraded in proc.stderr.decode().splitlines()  # one line says it, with the backup's path
 
 
