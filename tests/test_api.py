@@ -15,8 +15,10 @@ from autotune.storage import JobState
 
 from conftest import SYNTHETIC, MiB, in_a_fresh_interpreter
 
-# The synthetic script holds 20 MiB + 8 MiB per sample; A:1 keeps half of the per-sample memory.
-ARGS = "--base-mib 20 --per-sample-mib 8 --step-seconds 0.02 --plan-effects A=0.5:0.25".split()
+# The synthetic script holds 20 MiB + 8 MiB per sample; A:1 keeps half of the per-sample memory and takes
+# a quarter longer per sample (so at equal batch size it is clearly slower: no tie to re-measure).
+ARGS = "--base-mib 20 --per-sample-mib 8 --step-seconds 0.02 --per-sample-seconds 0.0005".split()
+ARGS += ["--plan-effects", "A=0.5:0.25"]
 QUICK = autotune.TrialSettings(warmup_steps=1, measured_steps=2)
 
 

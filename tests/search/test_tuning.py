@@ -82,7 +82,7 @@ def test_the_search_finds_the_exact_winner_in_six_trials_and_says_why_it_stopped
     assert data["stopped"].startswith(
         "stopped after 6 trials: no remaining configuration is predicted to beat A:1@48"
     )
-    assert "the closest, B:1@96, could reach at most" in data["stopped"]
+    assert "; the closest, " in data["stopped"]
     trials = study_trials(tmp_path, "exact")
     for t in trials:
         if t.user_attrs.get("kind") == "measured":

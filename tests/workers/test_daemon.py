@@ -36,7 +36,7 @@ from conftest import (
     wait_for,
 )
 
-MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25 --plan-effects B=0.25:0.1"
+MODEL = "--base-mib 20 --per-sample-mib 4 --plan-effects A=0.5:0.25,B=0.25:0.1"
 
 
 def submit(storage: str, cache: Path, study: str, trials: int, step_seconds: float = 0.1) -> None:
@@ -87,15 +87,16 @@ def job_state(storage: str, study: str) -> str:
 
 
 def assert_finished_cleanly(storage: str, study: str, trials: int) -> list[optuna.trial.FrozenTrial]:
-    """The job is done: `trials` distinct configurations measured, nothing RUNNING or WAITING, one
-    verification, and `autotune best` answers with the verified winner."""
+    """The job is done: `trials` distinct configurations measured, nothing RUNNING or WAITING, every
+    verification complete, and `autotune best` answers with a verified configuration. (How many
+    verifications depends on how close the rivals read: tests/search/test_noise.py counts them.)"""
     found = stored_trials(storage, study)
     assert [t.number for t in found if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     counted = [t for t in measured(found) if t.state == TrialState.COMPLETE]
     configs = [(t.params["batch_size"], t.params["plan"]) for t in counted]
     assert len(configs) == len(set(configs)) == trials, configs
     verifications = [t for t in found if t.user_attrs.get("kind") == "verification"]
-    assert len(verifications) == 1
+    assert verifications and {t.state for t in verifications} == {TrialState.COMPLETE}
     assert job_state(storage, study) == "done"
     answer = subprocess.run(
         [AUTOTUNE, "best", "--study", study, "--storage", storage, "--json"],
@@ -104,7 +105,10 @@ def assert_finished_cleanly(storage: str, study: str, trials: int) -> list[optun
         timeout=60,
     )
     data = json.loads(answer.stdout)
-    assert (data["verified"], data["batch_size"], data["plan"]) == (True, *verifications[0].params.values())
+    assert data["verified"] is True
+    assert (data["batch_size"], data["plan"]) in {
+        (t.params["batch_size"], t.params["plan"]) for t in verifications
+    }
     return found
 
 
@@ -287,6 +291,8 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     with sqlite3.connect(path) as conn:  # what autotune 0001 left: no jobs, no leases
         conn.execute("DROP TABLE autotune_leases")
         conn.execute("DROP TABLE autotune_jobs")
+        for column in ("samples_per_sec_low", "samples_per_sec_high", "readings"):  # added by 0003
+            conn.execute(f"ALTER TABLE autotune_best DROP COLUMN {column}")
         conn.execute("UPDATE autotune_alembic_version SET version_num = '0001'")
     study = optuna.create_study(storage=f"sqlite:///{path}", study_name="old")
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
