@@ -1,0 +1,49 @@
+"""The throughput model on exact readings: b / (t0 + t1·(1 + overhead)·b), fitted, bounded, dominated."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.core.stats import Interval
+from autotune.search.throughput_model import FORWARD_SHARE_OF_STEP, Reading, ThroughputModel
+
+T0, T1 = 0.05, 0.0005  # the synthetic script's --step-seconds and --per-sample-seconds
+
+
+def speed(batch: int, overhead: float = 0.0, noise: float = 0.01) -> Interval:
+    mid = batch / (T0 + T1 * (1 + overhead) * batch)
+    return Interval(mid * (1 - noise), mid, mid * (1 + noise))
+
+
+def fit(*readings: tuple[int, str, float], shares: dict[str, float] | None = None) -> ThroughputModel:
+    return ThroughputModel.fit([Reading(b, p, speed(b, o)) for b, p, o in readings], shares)
+
+
+def test_two_batch_sizes_fit_the_step_line_exactly_and_a_plan_s_overhead_per_sample() -> None:
+    model = fit((1, "none", 0), (24, "none", 0), (24, "A:1", 0.25))
+    assert model.line is not None
+    assert (model.line.t0, model.line.t1) == (pytest.approx(T0), pytest.approx(T1))
+    assert model.overhead["A:1"].mid == pytest.approx(0.25)
+    assert model.predict(48, "A:1") == pytest.approx(speed(48, 0.25).mid)
+
+
+def test_the_optimistic_prediction_bounds_the_truth_beyond_the_largest_batch_measured() -> None:
+    near = fit((1, "none", 0), (4, "none", 0))
+    far = fit((1, "none", 0), (4, "none", 0), (24, "none", 0))
+    for batch in (32, 96, 1024):
+        assert speed(batch).mid <= far.optimistic(batch, "none") <= near.optimistic(batch, "none")
+    # ±1% at batch 1 and 4 allows a much flatter line than ±1% at 1 and 24: the bound tightens with range
+    assert far.optimistic(96, "none") < 1.1 * speed(96).mid < near.optimistic(96, "none")
+    one = fit((4, "none", 0))  # one batch size: proportional to the batch is the most it could be
+    assert one.optimistic(8, "none") == pytest.approx(2 * speed(4).high)
+    assert one.optimistic(2, "none") == pytest.approx(speed(4).high)
+
+
+def test_dominance_against_none_and_between_plans_that_recompute_more() -> None:
+    model = fit((1, "none", 0), (24, "none", 0), (24, "A:0.5", 0.4), shares={"A:1": 0.1, "B:1": 0.5})
+    assert model.least_overhead("A:0.5") == pytest.approx(model.overhead["A:0.5"].low)
+    assert model.least_overhead("A:1") == model.least_overhead("A:0.5")  # recomputes at least as much
+    assert model.least_overhead("B:1") == pytest.approx(0.5 * FORWARD_SHARE_OF_STEP)  # the probe's share
+    faster = fit((1, "none", 0), (24, "none", 0), (24, "C:1", -0.3))  # a plan read faster than none: noise
+    assert faster.least_overhead("C:1") == 0.0
+    assert faster.optimistic(24, "C:1") == faster.optimistic(24, "none")
