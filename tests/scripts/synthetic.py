@@ -19,13 +19,14 @@ def touched(mib: float) -> bytearray:
 
 
 def plan_effect(spec: str, plan: str) -> tuple[float, float]:
-    """(memory saving, time overhead) of the trial's plan, e.g. plan 'A:1' with spec 'A=0.5:0.3'."""
+    """(memory saving, time overhead) of the trial's plan, e.g. plan 'A:1' with spec 'A=0.5:0.3'; a key
+    naming the whole plan ('A:0.5=0.6:0.2') wins over one naming its class."""
     effects = {}
     for item in filter(None, spec.split(",")):
-        cls, _, values = item.partition("=")
-        saving, _, overhead = values.partition(":")
-        effects[cls] = (float(saving), float(overhead))
-    return effects.get(plan.split(":")[0], (0.0, 0.0))
+        key, _, values = item.partition("=")
+        saving, _, overhead = values.rpartition(":")
+        effects[key] = (float(saving), float(overhead))
+    return effects.get(plan, effects.get(plan.split(":")[0], (0.0, 0.0)))
 
 
 def count_reading(state_dir: str | None, batch: int, plan: str) -> int:

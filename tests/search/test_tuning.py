@@ -137,6 +137,14 @@ def test_best_answers_from_the_database(tmp_path) -> None:
     data = json.loads(answer.stdout)
     assert {"batch_size", "plan", "peak_bytes", "samples_per_sec", "budget_bytes", "study"} <= data.keys()
     assert (data["batch_size"], data["plan"], data["verified"]) == (48, "A:1", True)
+    # The winner's throughput is an interval over its readings (its trial and its verification), never one number.
+    assert data["samples_per_sec_low"] < data["samples_per_sec"] < data["samples_per_sec_high"]
+    assert data["readings"] == 2
+    text = CliRunner().invoke(cli, ["best", "--cache-dir", str(tmp_path)]).output
+    low, high = f"{data['samples_per_sec_low']:,.1f}", f"{data['samples_per_sec_high']:,.1f}"
+    assert f"{data['samples_per_sec']:,.1f} samples/s ({low}-{high} over 2 readings)" in text
+    shown = CliRunner().invoke(cli, ["show", data["study"], "--cache-dir", str(tmp_path)]).output
+    assert f"best: batch 48, plan A:1: {data['samples_per_sec']:,.1f} samples/s ({low}-{high}" in shown
     by_script = CliRunner().invoke(
         cli,
         [
