@@ -63,6 +63,9 @@ class Landscape:
     noise: float = 0.0
     what: str = ""
 
+    real = False  # a formula, not a measured table
+    batches = BATCHES
+
     @property
     def limit_mib(self) -> float:
         return self.budget_mib * (1 - HEADROOM)
@@ -77,7 +80,7 @@ class Landscape:
         return self.peak_mib(fixed, batch, plan) <= self.limit_mib
 
     def optimum(self, fixed: float) -> tuple[int, str] | None:
-        fitting = [(b, p) for b in BATCHES for p in self.plans if self.fits(fixed, b, p)]
+        fitting = [(b, p) for b in self.batches for p in self.plans if self.fits(fixed, b, p)]
         return max(fitting, key=lambda c: self.speed(*c), default=None)
 
     def script_args(self, seed: int) -> list[str]:
@@ -94,6 +97,67 @@ class Landscape:
         if self.noise:
             out += ["--noise", str(self.noise), "--seed", str(seed)]
         return out
+
+    def command(self, seed: int) -> list[str]:
+        return [str(SYNTHETIC), "--", *self.script_args(seed)]
+
+
+@dataclass
+class Measured:
+    """A real script whose truth is measured: every configuration twice, interleaved (the median speed,
+    the larger peak). Its baselines replay that table without noise."""
+
+    name: str
+    script: list[str]
+    budget_mib: float
+    plans: dict[str, tuple[float, float]]  # the keys: plans to search
+    batches: tuple[int, ...]
+    what: str = ""
+    noise: float = 0.0
+    real: bool = True
+    table: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)  # (MiB, samples/s)
+
+    @property
+    def limit_mib(self) -> float:
+        return self.budget_mib * (1 - HEADROOM)
+
+    def measure(self) -> None:
+        import autotune as at
+
+        readings: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        for _ in range(2):
+            for plan in self.plans:
+                for batch in self.batches:
+                    spec = at.measure_spec(
+                        self.script,
+                        batch,
+                        plan=plan,
+                        settings=at.TrialSettings(1, STEPS, 300, 600),
+                        device="cpu",
+                    )
+                    result = at.measure(spec)
+                    readings.setdefault((batch, plan), []).append(
+                        (result.peak_bytes / MiB, result.samples_per_sec or 0.0)
+                    )
+        self.table = {
+            c: (max(m for m, _ in r), statistics.median(v for _, v in r)) for c, r in readings.items()
+        }
+
+    def peak_mib(self, fixed: float, batch: int, plan: str) -> float:
+        return self.table[(batch, plan)][0]
+
+    def speed(self, batch: int, plan: str) -> float:
+        return self.table[(batch, plan)][1]
+
+    def fits(self, fixed: float, batch: int, plan: str) -> bool:
+        return self.peak_mib(fixed, batch, plan) <= self.limit_mib and self.speed(batch, plan) > 0
+
+    def optimum(self, fixed: float) -> tuple[int, str] | None:
+        fitting = [(b, p) for b in self.batches for p in self.plans if self.fits(fixed, b, p)]
+        return max(fitting, key=lambda c: self.speed(*c), default=None)
+
+    def command(self, seed: int) -> list[str]:
+        return [*self.script[:1], "--", *self.script[1:]] if len(self.script) > 1 else self.script
 
 
 KNEE = {"none": (0.0, 0.0), "A:1": (0.5, 0.25), "B:1": (0.75, 4.0)}
@@ -123,6 +187,14 @@ LANDSCAPES = [
     ),
     Landscape("noisy-5", 290, KNEE, noise=0.05, what="knee, every step up to ~5% slower at random"),
     Landscape("noisy-30", 290, KNEE, noise=0.30, what="knee, every step up to ~30% slower at random"),
+    Measured(
+        "gpt-example",
+        [str(ROOT / "examples" / "gpt.py")],
+        1024,
+        {"none": (0, 0), "Block:1": (0, 0), "Block:1/save=attention+matmul": (0, 0)},
+        (4, 6, 8, 12, 16, 24, 32, 48, 64),
+        what="examples/gpt.py on the CPU, 1 GiB, its truth measured (every configuration twice)",
+    ),
 ]
 
 
@@ -134,10 +206,12 @@ class Run:
     wall: float | None = None
 
 
-def oracle(land: Landscape, fixed: float, rng: random.Random) -> Callable[[int, str], tuple[float, bool]]:
-    """A reading (samples/s, fits) with the synthetic script's noise model."""
+def oracle(land, fixed: float, rng: random.Random) -> Callable[[int, str], tuple[float, bool]]:
+    """A reading (samples/s, fits) with the synthetic script's noise model (a measured table: its own)."""
 
     def read(batch: int, plan: str) -> tuple[float, bool]:
+        if land.real:
+            return land.speed(batch, plan), land.fits(fixed, batch, plan)
         speed = land.speed(batch, plan)
         steps = [speed / (1 + land.noise * abs(rng.gauss(0, 1))) for _ in range(STEPS)]
         return statistics.median(steps), land.fits(fixed, batch, plan)
@@ -153,7 +227,7 @@ def best_of(run: Run, fits: Callable[[int, str], bool]) -> tuple[int, str] | Non
 def grid(land, read, seed) -> Run:
     run = Run()
     for plan in land.plans:
-        for batch in BATCHES:
+        for batch in land.batches:
             speed, _ = read(batch, plan)
             run.trials.append((batch, plan))
             run.readings.append(speed)
@@ -161,7 +235,7 @@ def grid(land, read, seed) -> Run:
 
 
 def random_search(land, read, seed) -> Run:
-    configs = [(b, p) for p in land.plans for b in BATCHES]
+    configs = [(b, p) for p in land.plans for b in land.batches]
     random.Random(seed).shuffle(configs)
     run = Run()
     for config in configs[:TRIALS]:
@@ -176,7 +250,7 @@ def tpe(land, read, seed) -> Run:
 
     def objective(trial: optuna.Trial) -> float:
         config = (
-            trial.suggest_categorical("batch", BATCHES),
+            trial.suggest_categorical("batch", land.batches),
             trial.suggest_categorical("plan", list(land.plans)),
         )
         speed, ok = read(*config)
@@ -199,22 +273,22 @@ def lightning(land, read, seed) -> Run:
     run = Run()
 
     def trial(index: int) -> bool:
-        speed, ok = read(BATCHES[index], "none")
-        run.trials.append((BATCHES[index], "none"))
+        speed, ok = read(land.batches[index], "none")
+        run.trials.append((land.batches[index], "none"))
         run.readings.append(speed)
         return ok
 
-    good, bad = -1, len(BATCHES)
+    good, bad = -1, len(land.batches)
     index = 0
-    while index < len(BATCHES):
+    while index < len(land.batches):
         if not trial(index):
             bad = index
             break
         good = index
         index = (
-            BATCHES.index(min(b for b in BATCHES if b >= 2 * BATCHES[index]))
-            if BATCHES[index] * 2 <= BATCHES[-1]
-            else len(BATCHES)
+            land.batches.index(min(b for b in land.batches if b >= 2 * land.batches[index]))
+            if land.batches[index] * 2 <= land.batches[-1]
+            else len(land.batches)
         )
     while bad - good > 1:
         middle = (good + bad) // 2
@@ -223,7 +297,7 @@ def lightning(land, read, seed) -> Run:
         else:
             bad = middle
     if good >= 0:
-        margin = max((b for b in BATCHES if b <= 0.95 * BATCHES[good]), default=BATCHES[0])
+        margin = max((b for b in land.batches if b <= 0.95 * land.batches[good]), default=land.batches[0])
         run.choice = (margin, "none")
     return run
 
@@ -231,14 +305,14 @@ def lightning(land, read, seed) -> Run:
 def deepspeed(land, read, seed) -> Run:
     """One probe at the smallest batch, its peak extrapolated linearly to the limit, then ±5% around it."""
     run = Run()
-    speed, _ = read(BATCHES[0], "none")
-    run.trials.append((BATCHES[0], "none"))
+    speed, _ = read(land.batches[0], "none")
+    run.trials.append((land.batches[0], "none"))
     run.readings.append(speed)
-    per_sample = land.peak_mib(FIXED, BATCHES[0], "none") / BATCHES[0]  # what one probe can tell
+    per_sample = land.peak_mib(FIXED, land.batches[0], "none") / land.batches[0]  # what one probe can tell
     estimate = land.limit_mib / per_sample
     for batch in sorted(
-        {b for b in BATCHES if 0.95 * estimate <= b <= 1.05 * estimate}
-        or {min(BATCHES, key=lambda b: abs(b - estimate))}
+        {b for b in land.batches if 0.95 * estimate <= b <= 1.05 * estimate}
+        or {min(land.batches, key=lambda b: abs(b - estimate))}
     ):
         speed, _ = read(batch, "none")
         run.trials.append((batch, "none"))
@@ -246,12 +320,12 @@ def deepspeed(land, read, seed) -> Run:
     return run
 
 
-def autotune(land: Landscape, seed: int) -> Run:
+def autotune(land, seed: int) -> Run:
     with tempfile.TemporaryDirectory() as cache:
         argv = [AUTOTUNE, "run", "--budget", f"{land.budget_mib}MiB", "--trials", str(TRIALS), "--json"]
-        argv += ["--plans", ";".join(land.plans), "--batch-sizes", f"{BATCHES[0]}-{BATCHES[-1]}"]
+        argv += ["--plans", ";".join(land.plans), "--batch-sizes", f"{land.batches[0]}-{land.batches[-1]}"]
         argv += ["--steps", str(STEPS), "--warmup-steps", "1", "--device", "cpu", "--seed", str(seed)]
-        argv += ["--cache-dir", cache, str(SYNTHETIC), "--", *land.script_args(seed)]
+        argv += ["--cache-dir", cache, *land.command(seed)]
         started = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
         run = Run(wall=time.monotonic() - started)
@@ -329,6 +403,8 @@ def main() -> None:
     header = f"{'landscape':14} {'method':19} {'trials':>7} {'to 98%':>7} {'choice/opt':>11} {'over':>5} {'wall s':>7}"
     print(header)
     for land in lands:
+        if land.real:
+            land.measure()
         optimum = land.optimum(FIXED)
         print(
             f"## {land.name}: {land.what}; optimum {optimum and f'{optimum[1]}@{optimum[0]}'} "
