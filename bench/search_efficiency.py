@@ -195,6 +195,14 @@ LANDSCAPES = [
         (4, 6, 8, 12, 16, 24, 32, 48, 64),
         what="examples/gpt.py on the CPU, 1 GiB, its truth measured (every configuration twice)",
     ),
+    Measured(
+        "prediction-off",
+        [str(ROOT / "bench" / "landscapes" / "cached_mlp.py")],
+        560,
+        {"none": (0, 0), "CachedLayer:1": (0, 0)},
+        (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096),
+        what="checkpointing saves ~5x less than the probe predicts (a cache the recompute doubles), measured",
+    ),
 ]
 
 

@@ -1,7 +1,8 @@
 """How sure a throughput reading is: the median of a trial's per-step samples/s with an interval around it.
 
 The interval is the median's ~95% confidence interval that box plots draw as a notch (McGill, Tukey and
-Larsen, 1978): ``median ± 1.57 · IQR / √n``. With fewer than four steps it is the half range, and it is never
+Larsen, 1978): ``median ± 1.57 · IQR / √n`` (with three steps the IQR's robust stand-in, 1.349 · MAD, so one
+step that a timer or the machine made absurd does not blow it up; with two, the half range). It is never
 narrower than ``NOISE_FLOOR`` of the median: two trials of one configuration on one machine differ by about
 that much even when their steps agree (the machine's clocks, caches and neighbours move between trials).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 NOISE_FLOOR = 0.01  # the narrowest relative half-width a reading gets
 NOTCH = 1.57
+IQR_PER_MAD = 2 * 0.6745  # a normal sample's IQR is ~1.349 MADs
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,11 @@ def median_interval(values: Sequence[float]) -> Interval | None:
     if len(values) >= 4:
         q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
         half = NOTCH * (q3 - q1) / math.sqrt(len(values))
+    elif len(values) == 3:  # the notch with the IQR's robust stand-in: one outlying step does not count
+        half = NOTCH * IQR_PER_MAD * statistics.median(abs(v - mid) for v in values) / math.sqrt(3)
     else:
         half = (max(values) - min(values)) / 2
-    half = max(half, NOISE_FLOOR * mid)
+    half = min(max(half, NOISE_FLOOR * mid), mid)  # never below the floor, never past zero
     return Interval(mid - half, mid, mid + half)
 
 

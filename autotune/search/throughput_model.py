@@ -69,7 +69,7 @@ class ThroughputModel:
     line: Line | None = None  # least squares (None: fewer than two batch sizes of the reference measured)
     flat: Line | None = None  # the flattest line the readings allow within their noise
     largest: int = 0  # the largest batch size of the reference plan that was measured
-    noise: float = NOISE_FLOOR  # the reference plan's readings' largest relative noise
+    noise: float = NOISE_FLOOR  # the reference plan's readings' median relative noise
     overhead: dict[str, Interval] = field(default_factory=dict)  # measured, per plan
     forward_shares: dict[str, float] = field(default_factory=dict)  # the probe's, per plan
     pooled: dict[Configuration, Interval] = field(
@@ -98,7 +98,7 @@ class ThroughputModel:
             line=line,
             flat=flat,
             largest=max(base),
-            noise=max(s.noise for s in base.values()),
+            noise=float(np.median([s.noise for s in base.values()])),
             forward_shares=shares,
             pooled=configs,
         )

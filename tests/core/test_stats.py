@@ -14,7 +14,11 @@ def test_a_reading_s_interval_is_the_median_s_notch_never_narrower_than_the_floo
     assert speed is not None and speed.mid == 100.0
     assert speed.high - speed.mid == pytest.approx(1.57 * 2.5 / 8**0.5)  # quartiles 98.75 and 101.25
     assert median_interval([50.0] * 6) == Interval(49.5, 50.0, 50.5)  # ±1%: never a point
-    assert median_interval([90.0, 100.0, 110.0]) == Interval(90.0, 100.0, 110.0)  # three steps: half range
+    three = median_interval([90.0, 100.0, 110.0])  # three steps: 1.57 x 1.349 x MAD / sqrt(3)
+    assert three is not None and three.high - 100.0 == pytest.approx(1.57 * 1.349 * 10 / 3**0.5)
+    outlier = median_interval([100.0, 101.0, 60000.0])  # one absurd step (a timer's): ±1.2%, not ±30000%
+    assert outlier is not None and outlier.noise == pytest.approx(1.57 * 1.349 * 1 / 3**0.5 / 101)
+    assert median_interval([100.0, 10000.0]) == Interval(100.0, 5050.0, 10000.0)  # two: the half range
     assert median_interval([]) is None
 
 
