@@ -1,9 +1,11 @@
 """How many trials each search needs to find the fastest configuration that fits, on landscapes whose truth
-is known: autotune against the baselines, side by side in one run.
+is known: autotune against the baselines, side by side in one run (about 26 minutes on 2 CPU cores).
 
     .venv/bin/python bench/search_efficiency.py [--seeds 10] [--only knee,noisy-30]
 
-Landscapes are the synthetic trial script (tests/scripts/synthetic.py): real allocations and real sleeps,
+Two landscapes are real torch scripts whose truth is measured first (every configuration twice,
+interleaved): examples/gpt.py, and bench/landscapes/cached_mlp.py, whose recompute saves ~5x less than
+the probe predicts. The others are the synthetic trial script (tests/scripts/synthetic.py): real allocations and real sleeps,
 with peak = fixed + batch x per-sample x (1 - saving) and step = t0 + batch x t1 x (1 + overhead) for each
 plan, so the true optimum under a budget is known exactly (fixed includes the interpreter, measured once
 at the start). Noisy variants make every step up to 5% or 30% longer at random (``--noise``).
