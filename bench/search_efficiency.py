@@ -1,5 +1,5 @@
 """How many trials each search needs to find the fastest configuration that fits, on landscapes whose truth
-is known: autotune against the baselines, side by side in one run (about 26 minutes on 2 CPU cores).
+is known: autotune against the baselines, side by side in one run (about 9 minutes on 2 CPU cores).
 
     .venv/bin/python bench/search_efficiency.py [--seeds 10] [--only knee,noisy-30]
 
