@@ -87,7 +87,7 @@ class Landscape:
 
     def script_args(self, seed: int) -> list[str]:
         effects = ",".join(
-            f"{p.split(':')[0] if p.endswith(':1') else p}={s}:{o}"
+            f"{p}={s}:{o}"  # the synthetic script keys effects by the whole plan
             for p, (s, o) in self.plans.items()
             if p != "none"
         )

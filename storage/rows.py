@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.enums import TextEnum
-from autotune.core.stats import NOISE_FLOOR, Interval
+from autotune.core.stats import Interval
 
 
 class JobState(TextEnum):
@@ -112,7 +112,6 @@ class BestRow:
     @property
     def throughput(self) -> Interval:
         """The verified samples/s with its interval (±NOISE_FLOOR for a row stored without one)."""
-        mid, low, high = self.verified_samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high
-        if low is None or high is None:
-            return Interval(mid * (1 - NOISE_FLOOR), mid, mid * (1 + NOISE_FLOOR))
-        return Interval(low, mid, high)
+        return Interval.stored(
+            self.verified_samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high
+        )

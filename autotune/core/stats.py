@@ -25,6 +25,14 @@ class Interval:
     mid: float
     high: float
 
+    @classmethod
+    def stored(cls, mid: float, low: float | None, high: float | None) -> Interval:
+        """A stored reading's interval: ±NOISE_FLOOR around ``mid`` where none was stored (a trial or a
+        winner stored before intervals were kept)."""
+        if low is None or high is None:
+            return cls(mid * (1 - NOISE_FLOOR), mid, mid * (1 + NOISE_FLOOR))
+        return cls(low, mid, high)
+
     @property
     def noise(self) -> float:
         """Relative half-width: 0.05 is ±5%."""

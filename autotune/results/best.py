@@ -47,8 +47,7 @@ class BestAnswer:
 
     @property
     def throughput(self) -> Interval:
-        low, high = self.samples_per_sec_low, self.samples_per_sec_high
-        return Interval(low or self.samples_per_sec, self.samples_per_sec, high or self.samples_per_sec)
+        return Interval.stored(self.samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high)
 
     def env(self) -> dict[str, str]:
         """What a script needs to train with this configuration outside autotune. For the ORT backend also

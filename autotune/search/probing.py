@@ -134,9 +134,9 @@ def _pause(runner: TrialRunner) -> None:
     runner.check()
     if runner.stop is None:
         time.sleep(POLL_SECONDS)
-    elif runner.stop.wait(POLL_SECONDS):
-        raise StopRequested
-    runner.check()
+    else:
+        runner.stop.wait(POLL_SECONDS)
+    runner.check()  # raises StopRequested once the stop is set
 
 
 def _probe(

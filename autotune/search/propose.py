@@ -27,9 +27,7 @@ from autotune.core.stats import Interval
 from autotune.search.memory_model import MemoryModel, Observation
 from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
-from autotune.search.throughput_model import Reading, ThroughputModel
-
-Configuration = tuple[int, str]  # (batch size, plan)
+from autotune.search.throughput_model import Configuration, Reading, ThroughputModel
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.budget import fits
 from autotune.core.enums import TextEnum
 from autotune.core.protocol import Outcome
-from autotune.core.stats import NOISE_FLOOR, Interval
+from autotune.core.stats import Interval
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -91,13 +91,9 @@ class TrialRecord:
     @property
     def throughput(self) -> Interval | None:
         """Its samples/s with the reading's interval (a trial stored before intervals were: ±NOISE_FLOOR)."""
-        mid = self.samples_per_sec
-        if not mid:
+        if not self.samples_per_sec:
             return None
-        low, high = self.samples_per_sec_low, self.samples_per_sec_high
-        if low is None or high is None:
-            return Interval(mid * (1 - NOISE_FLOOR), mid, mid * (1 + NOISE_FLOOR))
-        return Interval(low, mid, high)
+        return Interval.stored(self.samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high)
 
 
 _ATTRS = (

@@ -38,7 +38,7 @@ FORWARD_SHARE_OF_STEP = 0.2  # the least share of a sample's work its forward pa
 EXPECTED_FORWARD_SHARE = 1 / 3  # what a prediction (not a bound) assumes
 PER_SAMPLE_SHARE_MIN = 0.05  # below this share of the step, per-sample time is too small to divide by
 
-Configuration = tuple[int, str]
+Configuration = tuple[int, str]  # (batch size, plan)
 
 
 @dataclass(frozen=True)

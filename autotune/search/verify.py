@@ -70,7 +70,7 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
             return Step.BUSY, None
         records = records_of(search.study)
         tried = {(x.batch_size, x.plan) for x in leases}
-        candidate = next((c for c, _ in _fitting_configs(search) if c not in tried), None)
+        candidate = next((c for c, _ in _fitting_configs(search, records) if c not in tried), None)
         if len(tried) >= MAX_VERIFICATIONS or candidate is None:
             raise NoFitError(_no_fit_message(records, search.limit))
         batch, plan = candidate
@@ -86,15 +86,16 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     if _fitting(search, leader) is None:  # only possible for a stale queued retry: nothing to verify any more
         search.store.end_lease(lease.id, LeaseState.FAILED, "no fitting trial of this configuration")
         return None
-    contenders = [leader, *_rivals(search, leader)]
+    contenders = [leader, *_rivals(search, leader, records_of(search.study))]
     if len(contenders) == 1:
         result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
         if not result.fits(search.limit):
             _failed(search, lease, leader, result)
             return None
-        challenger = _challenger(search, leader, result)
+        records = records_of(search.study)  # with the verification
+        challenger = _challenger(search, leader, result, records)
         if challenger is None:
-            return _store(search, lease, leader)
+            return _store(search, lease, leader, records)
         search.reporter.note(
             f"{_name(leader)} verified at {result.throughput} samples/s, below {_name(challenger)}'s "
             f"interval: both are measured again, interleaved"
@@ -111,7 +112,8 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     if not fitting:
         _failed(search, lease, leader, result)
         return None
-    return _store(search, lease, _choose(search, [c for c in contenders if c in fitting]))
+    records = records_of(search.study)
+    return _store(search, lease, _choose(records, [c for c in contenders if c in fitting]), records)
 
 
 def _fitting(search: Search, config: Configuration) -> TrialRecord | None:
@@ -121,15 +123,14 @@ def _fitting(search: Search, config: Configuration) -> TrialRecord | None:
     )
 
 
-def _readings(search: Search) -> dict[Configuration, Interval]:
+def _readings(records: list[TrialRecord]) -> dict[Configuration, Interval]:
     """Every configuration's throughput over all its readings (search, warm start and verifications)."""
-    return speed_of(records_of(search.study)).pooled
+    return speed_of(records).pooled
 
 
-def _fitting_configs(search: Search) -> list[tuple[Configuration, Interval]]:
+def _fitting_configs(search: Search, records: list[TrialRecord]) -> list[tuple[Configuration, Interval]]:
     """Configurations with a fitting trial that no verification found over the limit, fastest first by all
     their readings (then the smaller batch: a stable order)."""
-    records = records_of(search.study)
     failed = {
         (x.batch_size, x.plan)
         for x in search.store.leases(search.name, kinds=(LeaseKind.VERIFY,))
@@ -143,21 +144,20 @@ def _fitting_configs(search: Search) -> list[tuple[Configuration, Interval]]:
             failed.add((r.batch_size, r.plan))
         elif r.kind in (TrialKind.MEASURED, TrialKind.WARM_START) and r.fits(search.limit):
             configs.add((r.batch_size, r.plan))
-    readings = _readings(search)
+    readings = _readings(records)
     ranked = [(c, readings[c]) for c in configs - failed if c in readings]
     return sorted(ranked, key=lambda pair: (-pair[1].mid, pair[0]))
 
 
-def _rivals(search: Search, leader: Configuration) -> list[Configuration]:
+def _rivals(search: Search, leader: Configuration, records: list[TrialRecord]) -> list[Configuration]:
     """The configurations that could be as fast as the leader (at most MAX_CONTENDERS - 1, the likeliest
     first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
     configuration's readings predicts them within it (a slow reading of a configuration the rest of the
     landscape says is fast is the machine's noise, not the configuration's speed)."""
-    ranked = _fitting_configs(search)
+    ranked = _fitting_configs(search, records)
     own = dict(ranked).get(leader)
     if own is None:
         return []
-    records = records_of(search.study)
     likely: dict[Configuration, float] = {}
     for config, reading in ranked:
         others = speed_of([r for r in records if (r.batch_size, r.plan) != config], search.forward_shares)
@@ -169,42 +169,37 @@ def _rivals(search: Search, leader: Configuration) -> list[Configuration]:
     return sorted(likely, key=lambda c: -likely[c])[: MAX_CONTENDERS - 1]
 
 
-def _challenger(search: Search, leader: Configuration, result: TrialResult) -> Configuration | None:
+def _challenger(
+    search: Search, leader: Configuration, result: TrialResult, records: list[TrialRecord]
+) -> Configuration | None:
     """The best other configuration whose interval lies above the leader's verified reading, if any."""
     verified = result.throughput
-    for config, speed in _fitting_configs(search):
+    for config, speed in _fitting_configs(search, records):
         if config != leader and verified is not None and verified.high < speed.low:
             return config
     return None
 
 
-def _choose(search: Search, contenders: list[Configuration]) -> Configuration:
-    """The fastest contender by all its readings; among those within its noise, the smaller peak."""
-    readings = _readings(search)
+def _choose(records: list[TrialRecord], contenders: list[Configuration]) -> Configuration:
+    """The fastest contender by all its readings; among those within its noise, the smaller peak (the
+    largest any of its readings measured)."""
+    readings = _readings(records)
+    peaks = {
+        c: max((r.peak_bytes or 0 for r in records if (r.batch_size, r.plan) == c and r.measured), default=0)
+        for c in contenders
+    }
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - readings[fastest].noise)
     close = [c for c in contenders if readings[c].mid >= bar]
-    return min(close, key=lambda c: (_peak(search, c), -readings[c].mid))
+    return min(close, key=lambda c: (peaks[c], -readings[c].mid))
 
 
-def _peak(search: Search, config: Configuration) -> int:
-    """The largest peak any reading of ``config`` measured."""
-    return max(
-        (
-            r.peak_bytes or 0
-            for r in records_of(search.study)
-            if (r.batch_size, r.plan) == config and r.measured
-        ),
-        default=0,
-    )
-
-
-def _store(search: Search, lease: Lease, config: Configuration) -> BestRow:
-    records = [r for r in records_of(search.study) if (r.batch_size, r.plan) == config]
+def _store(search: Search, lease: Lease, config: Configuration, records: list[TrialRecord]) -> BestRow:
+    speed = _readings(records)[config]
+    records = [r for r in records if (r.batch_size, r.plan) == config]
     trial = best_record(records, search.limit)
     assert trial is not None  # a contender has a fitting trial
     checks = [r for r in records if r.kind is TrialKind.VERIFICATION and r.outcome is not None]
-    speed = _readings(search)[config]
     best = BestRow(
         search.name,
         trial.number,

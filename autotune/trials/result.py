@@ -44,8 +44,7 @@ class TrialResult:
     def throughput(self) -> Interval | None:
         if self.samples_per_sec is None:
             return None
-        low, high = self.samples_per_sec_low, self.samples_per_sec_high
-        return Interval(low or self.samples_per_sec, self.samples_per_sec, high or self.samples_per_sec)
+        return Interval.stored(self.samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high)
 
     def fits(self, limit_bytes: int) -> bool:
         """Completed, and its measured peak is within ``limit_bytes``."""
