@@ -1,17 +1,22 @@
 # Everything sets itself up: a virtual environment in .venv with the CPU build of torch (constraints/cpu.txt).
 #   make demo   tune the example transformer under a 1 GiB budget on the CPU, then answer from the database
 #   make test   run the test suite
+#   make test-compat   the model-compatibility suite (Hugging Face, torchvision, Lightning models; CI's phase)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-scale lint clean postgres-server
+.PHONY: venv demo test test-scale test-compat lint clean postgres-server
 
-$(STAMP): pyproject.toml constraints/cpu.txt
+# The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
+# torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
+$(STAMP): pyproject.toml constraints/cpu.txt tests/compat/site/autotune_test_torchvision.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,ort]'
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,ort,test]'
+	cp tests/compat/site/autotune_test_torchvision.py tests/compat/site/autotune_test_torchvision.pth \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	touch $@
 
 venv: $(STAMP)
@@ -29,12 +34,17 @@ postgres-server:
 	else echo "no PostgreSQL server binaries: the PostgreSQL tests will be skipped (apt-get install postgresql)"; fi
 
 # Tests on two pytest-xdist workers (TEST_WORKERS=0: in this process), all but the `scale` ones (dozens of
-# worker processes for minutes: `make test-scale`, CI's second phase, runs them alone). No test compares
+# worker processes for minutes: `make test-scale` runs them alone) and the `compat` ones (real Hugging
+# Face, torchvision and Lightning models for minutes: `make test-compat`); CI runs each phase. No test compares
 # speeds: those are benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest
 # exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2
 test: $(STAMP) postgres-server
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale" $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale and not compat" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+test-compat: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m compat $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 test-scale: $(STAMP) postgres-server

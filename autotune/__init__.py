@@ -4,6 +4,7 @@ Inside a training script (harmless no-ops outside a trial)::
 
     import autotune
     batch = autotune.batch_size(default=32)
+    accumulate = autotune.grad_accum()   # micro-batches per optimizer step (--global-batch), else 1
     model = autotune.prepare(model)      # applies the trial's recompute plan
     autotune.step(samples=batch)         # only for loops without torch.optim
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.budget import Budget, format_bytes, parse_budget
 from autotune.core.errors import AutotuneError
 from autotune.core.plans import Backend, Plan, parse_plan
-from autotune.runtime.trial import batch_size, prepare, step
+from autotune.runtime.trial import batch_size, grad_accum, prepare, step
 
 if TYPE_CHECKING:
     from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work
@@ -57,6 +58,7 @@ __all__ = [
     "best",
     "doctor",
     "format_bytes",
+    "grad_accum",
     "measure",
     "measure_spec",
     "parse_budget",

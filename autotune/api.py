@@ -122,9 +122,10 @@ def best(
     storage: str | None = None,
     cache_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    global_batch: int | None = None,
 ) -> BestAnswer:
     """The best stored plan, from the database alone (no trial runs): of ``study``, of ``command`` on
-    ``device`` (at ``budget``), or the most recent.
+    ``device`` (at ``budget``, tuned for ``global_batch`` if given), or the most recent.
 
     Returns:
         The answer; ``verified`` is False for a budget with no verified winner (the fastest measured
@@ -149,6 +150,7 @@ def best(
         os.environ if environ is None else environ,
         Backend.parse(backend),
         cache_dir,
+        global_batch,
     )
 
 

@@ -9,6 +9,19 @@ from typing import Any
 
 _KINDS = {
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "_addmm_activation"),
+    "conv": (
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "miopen_convolution",
+        "_slow_conv2d_forward",
+        "slow_conv3d_forward",
+        "convolution_overrideable",
+    ),
     "attention": (
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",

@@ -12,7 +12,12 @@ and re-materialises a checkpointed unit when it reaches it, with only the earlie
     peak = max(sum_u held_u,  max over checkpointed u of  sum_{v before u} held_v + saved_u)
     saving = sum_u saved_u - peak
 
-A policy that caches outputs autograd would not have kept can save less than nothing; the prediction says so.
+A policy that caches outputs autograd would not have kept can save less than nothing; the prediction says so,
+and such a plan is never offered.
+
+Which plans the search may use (:func:`default_plans`): those predicted to save memory that also passed the
+probe's correctness check (each tried on the script's own model against no plan, torch_probe). Every other
+plan the probe looked at is listed with the reason it was left out.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from dataclasses import dataclass
 
 from autotune.backends import ort_plans
 from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
+from autotune.core.budget import format_bytes
 from autotune.core.errors import InputError
 from autotune.core.plans import OP_KINDS, ModuleRule, OpPolicy, Plan, parse_plan
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
-SELECTIVE = OpPolicy("save", ("attention", "matmul"))  # keep the expensive ops, recompute the rest
+EXPENSIVE = ("attention", "conv", "matmul")  # what the selective policy keeps, where a block has them
+RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated class (4 instances or more)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class ProbeRow:
     saving_per_sample: float
     forward_share: float | None  # share of the forward pass that would be recomputed (None: not measured)
     detail: str = ""
+    excluded: str = ""  # why the search leaves it out ("" if it may use it)
 
 
 def predicted_saving(data: TorchProbeReport, plan: Plan) -> int:
@@ -100,8 +108,9 @@ def forward_share(data: ProbeReport, plan: str) -> float | None:
 
 
 def rows(data: ProbeReport) -> list[ProbeRow]:
-    """Module rows (each repeated class in full), then operator rows inside the outermost regions; for an
-    ORT probe, ORT's own recompute plans (its table: plan, frequency, bytes saved at the probed batch)."""
+    """Module rows (each repeated class in full), then operator rows inside the outermost regions, each with
+    why it is excluded if it is; for an ORT probe, ORT's own recompute plans (its table: plan, frequency,
+    bytes saved at the probed batch)."""
     if isinstance(data, OrtProbeReport):
         return [
             ProbeRow(
@@ -122,7 +131,8 @@ def rows(data: ProbeReport) -> list[ProbeRow]:
 
 
 def _operator_rows(data: TorchProbeReport, cls: str, members: list[InstanceStats]) -> list[ProbeRow]:
-    """Inside one outermost class: recomputing each cheap op kind alone, then the selective policy."""
+    """Inside one outermost class: recomputing each cheap op kind alone, then the selective policy (keep
+    the expensive kinds this block has, recompute the rest), each only where the block has those ops."""
     op_total = sum(data.op_seconds.values()) or 1e-9
     out = []
     for kind in RECOMPUTABLE:
@@ -131,9 +141,55 @@ def _operator_rows(data: TorchProbeReport, cls: str, members: list[InstanceStats
             share = data.op_seconds.get(kind, 0.0) / op_total
             detail = f"{_mib(saved / data.batch_size)} MiB/sample kept"
             out.append(_row(data, "operator", f"{cls}:1/recompute={kind}", len(members), share, detail))
-    share = sum(data.op_seconds.get(k, 0.0) for k in OP_KINDS if not SELECTIVE.saves(k)) / op_total
-    out.append(_row(data, "operator", f"{cls}:1/{SELECTIVE}", len(members), share, "keeps matmul outputs"))
+    policy = selective_policy(members)
+    if policy is not None:
+        share = sum(data.op_seconds.get(k, 0.0) for k in OP_KINDS if not policy.saves(k)) / op_total
+        detail = f"keeps {' and '.join(policy.kinds)} outputs"
+        out.append(_row(data, "operator", f"{cls}:1/{policy}", len(members), share, detail))
     return out
+
+
+def selective_policy(members: list[InstanceStats]) -> OpPolicy | None:
+    """Keep the outputs of the expensive op kinds these instances run (attention, convolutions, matmuls),
+    recompute the rest (Megatron's selective recompute); None for a block that has none of them."""
+    kinds = tuple(k for k in EXPENSIVE if any(i.output_bytes.get(k, 0) for i in members))
+    return OpPolicy("save", kinds) if kinds else None
+
+
+def plans_to_check(data: TorchProbeReport) -> tuple[str, ...]:
+    """The plans the search may propose by default, each class in full (its ratios apply the same
+    mechanism to fewer instances): the probe's correctness check tries each on the model."""
+    searched = {r.plan for r in rows(data) if r.level == "module" or "/save=" in r.plan}
+    return tuple(r.plan for r in rows(data) if r.plan in searched and r.saving_bytes > 0)
+
+
+def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The plans a search uses when the user names none, in the order its frontier visits them, and the
+    plans left out with why.
+
+    Order: none; the outermost classes in full; the selective operator-level plan of each; the outermost
+    classes at 25/50/75% (four instances or more); the nested classes in full. Left out: a plan predicted to
+    save nothing, and one that failed the probe's correctness check (its ratios with it)."""
+    if isinstance(data, OrtProbeReport):
+        return ort_plans.default_plans(data), {}
+    if data is None:
+        return ("none",), {}
+    table = {r.plan: r for r in rows(data)}
+    outer = [c for c in data.candidates if c.outermost]
+    full = [f"{c.cls}:1" for c in outer]
+    selective = [p for p in table if "/save=" in p]
+    ratios = [f"{c.cls}:{ratio:g}" for c in outer if c.count >= 4 for ratio in RATIOS]
+    nested = [f"{c.cls}:1" for c in data.candidates if not c.outermost]
+    plans, excluded = ["none"], {}
+    for plan in dict.fromkeys(str(parse_plan(p)) for p in [*full, *selective, *ratios, *nested]):
+        row = table.get(plan) or table[f"{parse_plan(plan).rules[0].cls}:1"]  # a ratio: as its class
+        if plan not in table and row.excluded:
+            excluded[plan] = f"as {row.plan}: {row.excluded}"
+        elif plan in table and row.excluded:
+            excluded[plan] = row.excluded
+        else:
+            plans.append(plan)
+    return tuple(plans), excluded
 
 
 def summary(data: ProbeReport) -> dict[str, int | float | None]:
@@ -147,13 +203,6 @@ def summary(data: ProbeReport) -> dict[str, int | float | None]:
         "activation_bytes": data.activation_bytes,
         "activation_bytes_per_sample": data.activation_bytes / data.batch_size,
     }
-
-
-def operator_plans(data: ProbeReport) -> tuple[str, ...]:
-    """The operator-level plans worth searching: the selective policy per outermost region."""
-    if isinstance(data, OrtProbeReport):
-        return ()
-    return tuple(f"{c.cls}:1/{SELECTIVE}" for c in data.candidates if c.outermost)
 
 
 def check_plans(plans: tuple[str, ...] | None, data: ProbeReport | None) -> None:
@@ -182,7 +231,18 @@ def _row(
     data: TorchProbeReport, level: str, plan: str, frequency: int, share: float, detail: str
 ) -> ProbeRow:
     saving = predicted_saving(data, parse_plan(plan))
-    return ProbeRow(level, plan, frequency, saving, saving / data.batch_size, share, detail)
+    check = next((c for c in data.checks if c.plan == plan), None)
+    if saving <= 0:
+        excluded = (
+            "predicted to save nothing" if saving == 0 else f"predicted to cost {format_bytes(-saving)}"
+        )
+    elif check is not None and not check.ok:
+        excluded = check.reason
+    elif data.checks and check is None and (level == "module" or "/save=" in plan):
+        excluded = "not checked against no plan"
+    else:
+        excluded = ""
+    return ProbeRow(level, plan, frequency, saving, saving / data.batch_size, share, detail, excluded)
 
 
 def _kept(instance: InstanceStats, ops: OpPolicy | None) -> int:

@@ -58,6 +58,43 @@ class InstanceStats:
 
 
 @dataclass(frozen=True)
+class PlanCheck:
+    """One plan tried on the script's own model against no plan: one forward and backward on the probe's
+    batch, from the same random state (autotune.backends.torch_probe). ``error``: why it could not run."""
+
+    plan: str
+    loss_delta: float | None = None  # |loss - loss without a plan|, relative to the latter
+    grad_delta: float | None = None  # max |grad - grad without a plan|, relative to the largest gradient
+    tolerance: float | None = None  # what both deltas must stay within
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.tolerance is not None
+            and (self.loss_delta or 0.0) <= self.tolerance
+            and (self.grad_delta or 0.0) <= self.tolerance
+        )
+
+    @property
+    def reason(self) -> str:
+        """Why the plan is excluded ("" if it is not)."""
+        if self.ok:
+            return ""
+        if self.error is not None:
+            return f"fails on this model: {self.error}"
+        return (
+            f"changes the numbers: loss off by {self.loss_delta:.2g}, gradients by {self.grad_delta:.2g} "
+            f"(relative; tolerance {self.tolerance:.0e})"
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PlanCheck:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class TorchProbeReport:
     """The torch probe: the model's candidates and what each instance keeps for backward."""
 
@@ -70,6 +107,7 @@ class TorchProbeReport:
     op_seconds: dict[str, float]  # forward time by op kind
     candidates: tuple[ModuleCandidate, ...]
     instances: tuple[InstanceStats, ...]
+    checks: tuple[PlanCheck, ...] = ()  # each plan the search may use, against no plan (older probes: none)
 
     backend = Backend.TORCH
 
@@ -88,6 +126,7 @@ class TorchProbeReport:
             op_seconds={k: float(v) for k, v in data["op_seconds"].items()},
             candidates=tuple(ModuleCandidate.from_json(c) for c in data["candidates"]),
             instances=tuple(InstanceStats.from_json(i) for i in data["instances"]),
+            checks=tuple(PlanCheck.from_json(c) for c in data.get("checks", ())),
         )
 
 

@@ -1,17 +1,29 @@
 """Module-level activation checkpointing for PyTorch models.
 
 Candidates are the module classes that repeat in a model (transformer blocks, attention, MLPs): composite
-modules (with children) that occur at least twice, the root and pure containers excluded. A plan
-checkpoints the first ``round(ratio * count)`` instances of the classes it names with non-reentrant
+modules (with children) that occur at least twice, the root and containers excluded (lists, dicts, and a
+``Sequential`` of blocks: a ResNet stage, the ``Sequential`` of six ``Sequential`` blocks). A
+plan checkpoints the first ``round(ratio * count)`` instances of the classes it names with non-reentrant
 ``torch.utils.checkpoint`` — selectively, with an operator policy, through
-``create_selective_checkpoint_contexts``; an instance nested inside one already checkpointed is left alone (recomputing
-it twice would save nothing more).
+``create_selective_checkpoint_contexts``; an instance nested inside one already checkpointed is left alone
+(recomputing it twice would save nothing more).
+
+State that a block changes as it runs is handled, never recomputed twice:
+
+- a Hugging Face layer (a ``GradientCheckpointingLayer``: every decoder and encoder layer of transformers 5)
+  is checkpointed through the framework's own per-layer switch, which turns its KV cache off for the
+  checkpointed call. Wrapping it from outside instead lets the recompute append the layer's keys to the
+  cache a second time: attention then sees keys twice as long, selective recompute fails ("aten.slice ...
+  not found in storage") and plain recompute is right only by luck.
+- buffers that the forward updates in place (BatchNorm's running statistics) are put back after the
+  recompute, so a checkpointed block updates them once per step, as without a plan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +60,7 @@ def find_candidates(model: nn.Module) -> list[Candidate]:
     """The repeated composite module classes of ``model``, in order of first appearance."""
     instances: dict[str, list[str]] = {}
     for name, module in model.named_modules():
-        if module is model or isinstance(module, nn.ModuleList | nn.ModuleDict):
+        if module is model or isinstance(module, nn.ModuleList | nn.ModuleDict) or _holds_blocks(module):
             continue
         if next(module.children(), None) is None:  # a leaf: checkpointing it alone saves nothing
             continue
@@ -59,6 +71,18 @@ def find_candidates(model: nn.Module) -> list[Candidate]:
         Candidate(cls, tuple(names), outermost=any(not _has_ancestor(n, all_names) for n in names))
         for cls, names in repeated.items()
     ]
+
+
+def _holds_blocks(module: nn.Module) -> bool:
+    """A Sequential of composite children all of one class: a stack of blocks (a ResNet stage, the
+    Sequential of six Sequential blocks), not a block. A Sequential of different composites is a block."""
+    children = list(module.children())
+    return (
+        isinstance(module, nn.Sequential)
+        and bool(children)
+        and len({type(c) for c in children}) == 1
+        and next(children[0].children(), None) is not None
+    )
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> Plan:
@@ -89,34 +113,135 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
     modules = dict(model.named_modules())
     for name, rule in chosen.items():
         if not _has_ancestor(name, set(chosen)):
-            module = modules[name]
-            module.forward = _Checkpointed(module, rule.ops)
+            _checkpoint_module(modules[name], rule.ops)
+    hf_layers = {name for name in chosen if _is_hf_layer(modules[name])}
+    for name, module in modules.items():
+        holds_one = any(layer.startswith(name + ".") or not name for layer in hf_layers)
+        if holds_one and hasattr(module, "gradient_checkpointing") and not _is_hf_layer(module):
+            # The model-level switch: transformers then builds no KV cache in training and passes none
+            # to any layer (GPT-2 passes it positionally, out of the layer's own reach); layers are
+            # checkpointed by their own switches, so a model that would wrap every layer itself gets a
+            # function that only calls it.
+            setattr(module, "gradient_checkpointing", True)  # noqa: B010 (nn.Module's typed __setattr__)
+            setattr(module, "_gradient_checkpointing_func", _call)  # noqa: B010
     applied = Plan(rules=tuple(sorted(rules)))
     setattr(model, _MARK, applied)
     return applied
 
 
-class _Checkpointed:
-    """An instance-level ``forward`` that recomputes the module in backward.
+@contextlib.contextmanager
+def plan_applied(model: nn.Module, plan: Plan) -> Iterator[Plan]:
+    """``apply_plan`` for the duration of a ``with`` block: the model is as it was afterwards (the probe's
+    correctness check tries each plan on the script's own model this way)."""
+    saved = {
+        name: {attr: module.__dict__[attr] for attr in _SET_ATTRS if attr in module.__dict__}
+        for name, module in model.named_modules()
+    }
+    had_mark = hasattr(model, _MARK)
+    try:
+        yield apply_plan(model, plan)
+    finally:
+        for name, module in model.named_modules():
+            for attr in _SET_ATTRS:
+                if attr in saved[name]:
+                    setattr(module, attr, saved[name][attr])
+                elif attr in module.__dict__:
+                    delattr(module, attr)
+        if not had_mark and hasattr(model, _MARK):
+            delattr(model, _MARK)
 
-    A callable object rather than a closure: ``copy.deepcopy(model)`` (EMA copies, for instance) then
-    re-points the copy's forward at the copied module instead of the original.
+
+_SET_ATTRS = ("forward", "gradient_checkpointing", "_gradient_checkpointing_func")  # what a plan sets
+
+
+def _checkpoint_module(module: nn.Module, ops: OpPolicy | None) -> None:
+    """Recompute ``module`` in backward: through Hugging Face's per-layer switch where the module has one
+    (it turns the layer's KV cache off for the checkpointed call), else by wrapping its forward."""
+    recompute = _Recompute(module, ops)
+    if _is_hf_layer(module):
+        setattr(module, "gradient_checkpointing", True)  # noqa: B010 (only in training, as transformers does)
+        setattr(module, "_gradient_checkpointing_func", recompute)  # noqa: B010
+    else:
+        module.forward = _Checkpointed(module, recompute)
+
+
+def _call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return function(*args, **kwargs)
+
+
+def _is_hf_layer(module: nn.Module) -> bool:
+    """A transformers ``GradientCheckpointingLayer`` (found by name: transformers is not imported here)."""
+    return hasattr(module, "gradient_checkpointing") and any(
+        base.__name__ == "GradientCheckpointingLayer" for base in type(module).__mro__
+    )
+
+
+class _Recompute:
+    """``function(*args)`` under non-reentrant checkpointing of ``module`` (selective with ``ops``), where the
+    recompute reads and updates copies of the module's buffers, never the buffers themselves.
+
+    Nothing here runs an op inside the checkpointed region (selective recompute replays the region's ops and
+    refuses any it did not record), and the buffers are swapped back in a ``finally``: torch stops a
+    recompute early, by raising, once it has what backward needs.
+
+    Callable objects rather than closures, here and in :class:`_Checkpointed`: ``copy.deepcopy(model)``
+    (EMA copies, for instance) then re-points the copy at the copied module instead of the original.
     """
 
-    def __init__(self, module: nn.Module, ops: OpPolicy | None = None) -> None:
+    def __init__(self, module: nn.Module, ops: OpPolicy | None) -> None:
         self.module = module
         self.ops = ops
+
+    def __call__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # The buffers as the forward finds them, copied outside the region: the recompute runs on these
+        # copies, so it sees what the forward saw, and what it updates in place is thrown away. (Kernels
+        # such as batch norm's update running statistics without bumping their version counters, so which
+        # buffers a forward changes cannot be told cheaply; a block's buffers are small beside its
+        # activations.)
+        buffers = [
+            (owner, key, buffer)
+            for owner in self.module.modules()
+            for key, buffer in owner._buffers.items()
+            if buffer is not None
+        ]
+        with torch.no_grad():
+            copies = [buffer.detach().clone() for _, _, buffer in buffers]
+        calls = 0
+
+        def run(*inner: Any, **inner_kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1 or not buffers:
+                return function(*inner, **inner_kwargs)
+            for (owner, key, _), copy in zip(buffers, copies, strict=True):
+                owner._buffers[key] = copy
+            try:
+                return function(*inner, **inner_kwargs)
+            finally:
+                for owner, key, buffer in buffers:
+                    owner._buffers[key] = buffer
+
+        context: dict[str, Any] = {}
+        if self.ops is not None:
+            context["context_fn"] = functools.partial(
+                create_selective_checkpoint_contexts, functools.partial(_policy, self.ops)
+            )
+        return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
+
+
+class _Checkpointed:
+    """An instance-level ``forward`` that recomputes the module in backward (outside training, or with
+    gradients off, the plain forward: nothing would be kept for backward anyway)."""
+
+    def __init__(self, module: nn.Module, recompute: _Recompute) -> None:
+        self.module = module
+        self.recompute = recompute
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         forward: Callable[..., Any] = type(self.module).forward.__get__(self.module)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        if self.ops is None:
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        context = functools.partial(
-            create_selective_checkpoint_contexts, functools.partial(_policy, self.ops)
-        )
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+        return self.recompute(forward, *args, **kwargs)
 
 
 def _policy(ops: OpPolicy, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

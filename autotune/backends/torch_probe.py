@@ -5,7 +5,9 @@ Forward #2 of the prepared model (after one optimizer step, when lazy state exis
   every candidate instance executing when it is saved (parameters excluded: they are kept anyway);
 - a ``TorchDispatchMode`` recorder: which op produced each storage (so saved bytes split by op kind), the
   output bytes of every op inside each instance (what an operator policy would cache), and op times.
-Forward #3 runs with module hooks only, to time each instance without the recorder's overhead.
+Forward #3 runs with module hooks only, to time each instance without the recorder's overhead. At the
+optimizer step after it, the plans the search may use are each checked against no plan on forward #2's
+inputs (autotune.backends.plan_check), with the probe's hooks and the trial's step timing paused.
 
 The result is a :class:`~autotune.backends.probe_report.TorchProbeReport` (``autotune.backends.probe`` predicts
 plan savings from it in the tuner).
@@ -23,8 +25,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autotune.backends import plan_check
 from autotune.backends.ops import may_save, op_kind, op_name
-from autotune.backends.probe_report import InstanceStats, TorchProbeReport
+from autotune.backends.probe import plans_to_check
+from autotune.backends.probe_report import InstanceStats, PlanCheck, TorchProbeReport
 from autotune.backends.torch_modules import Candidate, find_candidates
 
 RECORDED_FORWARD = 2
@@ -54,26 +58,46 @@ class Probe:
         self.forward_seconds = 0.0
         self.optimizer: Any = None
         self.done = False
+        self.paused = False  # while the plans are checked: those forwards are not the script's
+        self.inputs_seen: plan_check.Inputs | None = None  # forward #2's inputs, for the plan checks
+        self.checks: list[PlanCheck] | None = None
         self._attach()
 
     def _attach(self) -> None:
-        self.model.register_forward_pre_hook(self._root_pre)
+        self.model.register_forward_pre_hook(self._root_pre, with_kwargs=True)
         self.model.register_forward_hook(self._root_post)
         modules = dict(self.model.named_modules())
         for name in self.names:
             modules[name].register_forward_pre_hook(lambda m, args, n=name: self._enter(n, args))
             modules[name].register_forward_hook(lambda m, args, out, n=name: self._leave(n))
 
-    def _root_pre(self, module: nn.Module, args: Any) -> None:
+    def after_step(self, trial: Any) -> None:
+        """Between two training steps (the trial calls it): once the probe has its data, check the plans
+        the search may use against no plan, on forward #2's inputs."""
+        if not self.done or self.checks is not None or self.inputs_seen is None:
+            return
+        self.paused, trial.counting = True, False
+        try:
+            self.checks = plan_check.check_plans(self.model, self.inputs_seen, plans_to_check(self.result()))
+        finally:
+            self.paused, trial.counting = False, True
+            self.inputs_seen = None
+
+    def _root_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if self.paused:
+            return
         self.forwards += 1
         self.recording = self.forwards == RECORDED_FORWARD and torch.is_grad_enabled()
         self.timing = self.forwards == TIMED_FORWARD
         if self.recording:
+            self.inputs_seen = plan_check.capture(args, kwargs)
             self.exits.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
             self.exits.enter_context(_Recorder(self))
         self.started[""] = _now()
 
     def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.paused:
+            return
         if self.timing:
             self.forward_seconds = _now() - self.started[""]
             self.done = True
@@ -82,6 +106,8 @@ class Probe:
             self.recording = False
 
     def _enter(self, name: str, args: Any) -> None:
+        if self.paused:
+            return
         self.stack.append(name)
         if self.recording:
             self.inputs[name] += sum(_bytes(t) for t in _tensors(args))
@@ -89,6 +115,8 @@ class Probe:
             self.started[name] = _now()
 
     def _leave(self, name: str) -> None:
+        if self.paused:
+            return
         self.stack.pop()
         if self.timing:
             self.seconds[name] = self.seconds.get(name, 0.0) + _now() - self.started[name]
@@ -145,6 +173,7 @@ class Probe:
                 for c in self.candidates
                 for n in c.names
             ),
+            checks=tuple(self.checks or ()),
         )
 
 

@@ -20,6 +20,9 @@ DEFAULT_DB = cache_dir_option("Where the default database lives.")
 @click.option("--study", help="Answer from this study.")
 @click.option("--device", default="auto", show_default=True, help="The device the plan was tuned on.")
 @click.option(
+    "--global-batch", type=int, help="The global batch the plan was tuned for (run --global-batch)."
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (batch_size, plan, peak_bytes, samples_per_sec, ...)."
 )
 @click.option(
@@ -33,6 +36,7 @@ def best(
     budget: str | None,
     study: str | None,
     device: str,
+    global_batch: int | None,
     backend: str,
     as_json: bool,
     as_env: bool,
@@ -56,6 +60,7 @@ def best(
         storage=storage,
         cache_dir=cache_dir,
         environ=os.environ,
+        global_batch=global_batch,
     )
     render.best(console(), answer, as_json, as_env)
 

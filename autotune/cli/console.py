@@ -61,7 +61,8 @@ def trial_line(r: TrialRecord) -> str:
     predicted = f" (pred {format_bytes(r.predicted_peak_bytes)})" if r.predicted_peak_bytes else ""
     speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
     outcome = r.outcome or r.kind
-    return f"trial {r.number:>3}  batch {r.batch_size!s:>5}  {r.plan!s:<24} peak {peak}{predicted}  {speed}  {outcome}"
+    batch = f"{r.batch_size}x{r.grad_accum}" if r.grad_accum else str(r.batch_size)
+    return f"trial {r.number:>3}  batch {batch:>5}  {r.plan!s:<24} peak {peak}{predicted}  {speed}  {outcome}"
 
 
 def key_values(rows: Sequence[tuple[str, str]]) -> str:

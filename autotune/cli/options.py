@@ -43,6 +43,18 @@ BACKEND = click.option(
     "pip install 'autotune[ort]').",
 )
 COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
+GLOBAL_BATCH = click.option(
+    "--global-batch",
+    type=int,
+    help="Samples per optimizer step, fixed: each trial's batch size is a micro-batch dividing it, "
+    "accumulated GLOBAL/batch times ({grad_accum} in a command, autotune.grad_accum() in a script).",
+)
+GRAD_ACCUM = click.option(
+    "--grad-accum",
+    type=int,
+    help="The script accumulates this many micro-batches per optimizer step on its own (default: counted "
+    "from its forwards); samples/s counts them all.",
+)
 AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
@@ -129,6 +141,8 @@ def search_options(command: F) -> F:
                 is_flag=True,
                 help="No stopping rule: every plan's largest fitting batch, then the sampler, to --trials.",
             ),
+            GLOBAL_BATCH,
+            GRAD_ACCUM,
             BACKEND,
             storage_option(),
             AS_JSON,

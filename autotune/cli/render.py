@@ -41,7 +41,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                     "trials",
                     f"{sum(r.counted for r in result.records)} counted, {result.new_trials} new in this run",
                 ),
-                ("batch size", str(best.batch_size)),
+                ("batch size", _batch_text(best.batch_size, result.grad_accum, result.global_batch)),
                 ("plan", best.plan),
                 (
                     "peak",
@@ -53,7 +53,15 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
         ),
         markup=False,
     )
-    out.print(f'\nuse it:  eval "$({best_command(command, budget)})"', markup=False)
+    hint = best_command(command, budget, result.global_batch)
+    out.print(f'\nuse it:  eval "$({hint})"', markup=False)
+
+
+def _batch_text(batch_size: int, grad_accum: int | None, global_batch: int | None) -> str:
+    if grad_accum is None:
+        return str(batch_size)
+    of = f" (global batch {global_batch})" if global_batch is not None else ""
+    return f"{batch_size}, accumulated {grad_accum}x per optimizer step{of}"
 
 
 def speed_text(speed: Interval, readings: int | None) -> str:
@@ -62,9 +70,11 @@ def speed_text(speed: Interval, readings: int | None) -> str:
     return f"{speed.mid:,.1f} samples/s ({speed.low:,.1f}-{speed.high:,.1f}{over})"
 
 
-def best_command(command: Sequence[str], budget: str) -> str:
+def best_command(command: Sequence[str], budget: str, global_batch: int | None = None) -> str:
     """The `autotune best ... --env` line for a run's command (options before the script's own `--`)."""
     words = ["autotune", "best", "--budget", budget, "--env"]
+    if global_batch is not None:
+        words += ["--global-batch", str(global_batch)]
     if command[0].endswith(".py"):  # SCRIPT [-- ARGS]
         words.append(command[0])
         command = command[1:]
@@ -81,6 +91,8 @@ def as_json_text(result: TuneResult) -> str:
             "budget_bytes": result.budget_bytes,
             "limit_bytes": result.limit_bytes,
             "batch_size": result.best.batch_size,
+            "grad_accum": result.grad_accum,
+            "global_batch": result.global_batch,
             "plan": result.best.plan,
             "peak_bytes": result.best.verified_peak_bytes,
             "samples_per_sec": result.best.verified_samples_per_sec,

@@ -21,6 +21,18 @@ def measured(result: TrialResult) -> str:
         ("outcome", result.outcome.value),
         ("device", f"{result.device} ({result.device_name})"),
         ("batch size", str(result.batch_size)),
+    ]
+    if result.grad_accum is not None or (result.micro_batches or 1) > 1:
+        accumulation = result.grad_accum or result.micro_batches or 1
+        how = "asked" if result.grad_accum is not None else "counted from the script's forwards"
+        rows.append(
+            (
+                "accumulation",
+                f"{accumulation} micro-batch{'es' if accumulation > 1 else ''} per optimizer step ({how}): "
+                f"{result.batch_size * accumulation} samples per step",
+            )
+        )
+    rows += [
         ("plan", result.plan),
         ("peak memory", f"{format_bytes(result.peak_bytes)} ({result.memory_method})"),
     ]
@@ -137,6 +149,7 @@ def _probe_table(out: Console, data: ProbeReport, table_rows: list[probe.ProbeRo
         f"saved @{data.batch_size}",
         "per sample",
         "recomputes",
+        "offered",
         "note",
     ):
         table.add_column(
@@ -153,9 +166,22 @@ def _probe_table(out: Console, data: ProbeReport, table_rows: list[probe.ProbeRo
             signed_bytes(row.saving_bytes),
             signed_bytes(row.saving_per_sample),
             f"{row.forward_share:.0%} of fwd" if row.forward_share is not None else "-",
+            "no" if row.excluded else "yes",
             row.detail,
         )
     out.print(table)
+    for row in table_rows:
+        if row.excluded:
+            out.print(f"not offered: {row.plan}: {row.excluded}", markup=False, soft_wrap=True)
+    if isinstance(data, TorchProbeReport) and data.checks:
+        passed = [c for c in data.checks if c.ok]
+        worst = max((c.grad_delta or 0.0 for c in passed), default=0.0)
+        out.print(
+            f"checked against no plan (one step on the probe's batch): {len(passed)} of {len(data.checks)} "
+            f"plan(s) give the same loss and gradients (largest relative gradient difference {worst:.1e})",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def doctor(out: Console, checks: list[Check], as_json_flag: bool) -> None:

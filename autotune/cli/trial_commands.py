@@ -10,7 +10,15 @@ import click
 
 from autotune import api
 from autotune.cli.main import cli, exit_with
-from autotune.cli.options import AS_JSON, BACKEND, cache_dir_option, settings_of, trial_options
+from autotune.cli.options import (
+    AS_JSON,
+    BACKEND,
+    GLOBAL_BATCH,
+    GRAD_ACCUM,
+    cache_dir_option,
+    settings_of,
+    trial_options,
+)
 from autotune.core.protocol import Outcome
 from autotune.trials.settings import TrialSettings
 
@@ -24,6 +32,8 @@ from autotune.trials.settings import TrialSettings
     "--plan", "-p", default="none", show_default=True, help="Recompute plan: none, all, or Class[:ratio],..."
 )
 @click.option("--budget", help="Also say whether the peak fits this budget (40GB, 40GiB, 90%, ...).")
+@GLOBAL_BATCH
+@GRAD_ACCUM
 @AS_JSON
 @BACKEND
 @trial_options
@@ -33,14 +43,16 @@ def measure(
     plan: str,
     backend: str,
     budget: str | None,
+    global_batch: int | None,
+    grad_accum: int | None,
     as_json: bool,
     **options: object,
 ) -> None:
     """Run one measured trial: peak memory, samples/s, step times.
 
     COMMAND is a script and its arguments (SCRIPT [-- ARGS]) or, after --, any command line in which
-    {batch_size} is replaced (-- python train.py --bs {batch_size}). Exits 0 when the trial completed
-    (and fits --budget, if given), 1 otherwise.
+    {batch_size} (and {grad_accum}) is replaced (-- python train.py --bs {batch_size}). Exits 0 when the
+    trial completed (and fits --budget, if given), 1 otherwise.
     """
     from autotune.cli.render_trial import measured
     from autotune.trials.measurement import measure_spec
@@ -54,6 +66,8 @@ def measure(
         settings=settings_of(options),
         device=str(options["device"]),
         cache_dir=options["cache_dir"],  # type: ignore[arg-type]
+        global_batch=global_batch,
+        grad_accum=grad_accum,
     )
     result = api.measure(spec, environ=os.environ)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else measured(result))

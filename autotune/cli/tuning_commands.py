@@ -35,6 +35,8 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         study=options["study"],
         force=options["force"],
         exhaustive=options["exhaustive"],
+        global_batch=options["global_batch"],
+        grad_accum=options["grad_accum"],
     )
 
 
@@ -43,7 +45,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
 def run(**options: Any) -> None:
     """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
 
-    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size}. The same command again answers from the
+    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size} (and {grad_accum}). The same command again answers from the
     database with zero trials; an interrupted run resumes; workers (autotune worker) sharing the database
     help with it.
     """

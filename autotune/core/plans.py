@@ -13,7 +13,10 @@ can name stored trials::
     Block:1/recompute=softmax+dropout
                              operator level: recompute only softmax and dropout, keep everything else
 
-Operator kinds: matmul, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
+    Block:1/save=conv        the same for a convolutional block: keep convolution outputs, recompute norms
+                             and activations
+
+Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
 Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
 in module order are checkpointed (at least one for any ratio > 0).
@@ -48,7 +51,7 @@ class Backend(TextEnum):
 
 
 _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-OP_KINDS = ("matmul", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
+OP_KINDS = ("matmul", "conv", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
 _RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
 
 

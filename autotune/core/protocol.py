@@ -20,6 +20,7 @@ from autotune.core.plans import Backend
 REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
 BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
 PLAN_ENV = "AUTOTUNE_PLAN"
+GRAD_ACCUM_ENV = "AUTOTUNE_GRAD_ACCUM"  # micro-batches per optimizer step (autotune.grad_accum())
 BACKEND_ENV = "AUTOTUNE_BACKEND"  # outside a trial: the backend prepare() applies AUTOTUNE_PLAN with
 
 EXIT_COMPLETE = 0  # warm-up + measured steps done, report written
@@ -57,6 +58,9 @@ class TrialRequest:
     report_path: str
     progress_path: str
     probe: bool = False  # instrument the model (autotune.backends.torch_probe) instead of applying a plan
+    # Micro-batches per optimizer step the trial asks for ({grad_accum}, autotune.grad_accum()), from a
+    # global batch or declared with --grad-accum. None: whatever the script does, counted as its forwards.
+    grad_accum: int | None = None
 
     @property
     def total_steps(self) -> int:
@@ -85,6 +89,7 @@ class TrialReport:
     plan_applied: str | None = None  # the plan as applied, with `all` expanded to classes
     candidates: list[dict[str, Any]] | None = None  # the model's repeated module classes, once prepared
     probe: dict[str, Any] | None = None  # the probe's measurements, in a probe trial
+    micro_batches: int | None = None  # forwards counted in the last optimizer step (None: none counted)
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

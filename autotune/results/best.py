@@ -17,7 +17,7 @@ from autotune.core.budget import DEFAULT_HEADROOM, Budget, Limit, format_bytes
 from autotune.core.errors import InputError, NoFitError
 from autotune.core.paths import cache_dir, default_storage_url
 from autotune.core.plans import Backend
-from autotune.core.protocol import BACKEND_ENV, BATCH_SIZE_ENV, PLAN_ENV
+from autotune.core.protocol import BACKEND_ENV, BATCH_SIZE_ENV, GRAD_ACCUM_ENV, PLAN_ENV
 from autotune.core.stats import Interval
 from autotune.hardware.devices import resolve_device
 from autotune.results.records import study_records
@@ -44,6 +44,7 @@ class BestAnswer:
     samples_per_sec_low: float | None = None  # the interval of samples_per_sec (autotune.core.stats)
     samples_per_sec_high: float | None = None
     readings: int | None = None  # how many readings it pools
+    grad_accum: int | None = None  # micro-batches per optimizer step (a global batch, or --grad-accum)
 
     @property
     def throughput(self) -> Interval:
@@ -54,6 +55,8 @@ class BestAnswer:
         ORT's own variables: the plan as ORTMODULE_MEMORY_OPT_CONFIG's file (written under the cache dir),
         the fallback policy and the workload's export cache; the script calls ``autotune.prepare(model)``."""
         env = {BATCH_SIZE_ENV: str(self.batch_size), PLAN_ENV: self.plan}
+        if self.grad_accum is not None:
+            env[GRAD_ACCUM_ENV] = str(self.grad_accum)
         if self.backend is Backend.ORT:
             from autotune.backends import ort_plans
 
@@ -83,6 +86,7 @@ def best(
     environ: Mapping[str, str] | None = None,
     backend: Backend = Backend.TORCH,
     cache: Path | None = None,
+    global_batch: int | None = None,
 ) -> BestAnswer:
     """The best stored plan: of ``study``, of ``command`` (at ``budget``), or the most recent one.
 
@@ -92,9 +96,8 @@ def best(
     Raises:
         InputError: no such study or workload. NoFitError: nothing stored fits.
     """
-    answer = _best(
-        store, command, budget, study, device, dict(os.environ if environ is None else environ), backend
-    )
+    env = dict(os.environ if environ is None else environ)
+    answer = _best(store, command, budget, study, device, env, backend, global_batch)
     row = store.study(answer.study)
     workload = store.workload(row.fingerprint) if row is not None else None
     return dataclasses.replace(
@@ -102,7 +105,16 @@ def best(
         backend=Backend.parse(workload.backend) if workload is not None else Backend.TORCH,
         fingerprint=row.fingerprint if row is not None else "",
         cache=str(cache_dir(cache)),
+        grad_accum=_grad_accum(row, answer.batch_size) if row is not None else None,
     )
+
+
+def _grad_accum(row: StudyRow, batch_size: int) -> int | None:
+    """The winner's accumulation: its study's global batch over its batch size, or the declared one."""
+    if row.space.get("global_batch") and batch_size:
+        return int(row.space["global_batch"]) // batch_size
+    declared = row.space.get("grad_accum")
+    return int(declared) if declared is not None else None
 
 
 def _best(
@@ -113,6 +125,7 @@ def _best(
     device: str,
     env: dict[str, str],
     backend: Backend,
+    global_batch: int | None = None,
 ) -> BestAnswer:
     if study is not None:
         row = store.study(study)
@@ -126,6 +139,13 @@ def _best(
             raise InputError(
                 f"nothing stored for {command} on {dev.name} in {store.display_url}: run autotune run first"
             )
+        if global_batch is not None:
+            rows = [r for r in rows if r.space.get("global_batch") == global_batch]
+            if not rows:
+                raise InputError(
+                    f"nothing stored for {command} with --global-batch {global_batch} on {dev.name}: "
+                    "run autotune run --global-batch first"
+                )
         if budget is not None:
             return _for_budget(store, rows, budget.resolve(dev.total_bytes))
     else:

@@ -1,6 +1,7 @@
 """The trial's hooks into torch, installed before the user's script runs (by the harness, or by the
 injected sitecustomize for commands that are not ``python ...``): count optimizer steps, apply the plan at
-the first forward. torch itself is not imported here: the hooks go in when the script imports it.
+the first forward, and count that module's forwards between optimizer steps (its micro-batches: see
+autotune.runtime.trial). torch itself is not imported here: the hooks go in when the script imports it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,14 @@ def _install_torch_hooks(torch: Any) -> None:
         if id(optimizer) == trial.counted_optimizer:
             trial.step(None)
 
+    def on_forward(module: Any, args: object) -> None:
+        if torch.is_grad_enabled():
+            trial.forward()
+
     def on_first_forward(module: Any, args: object) -> None:
         handle.remove()
+        module.register_forward_pre_hook(on_forward)
+        on_forward(module, args)
         if trial.plan_applied is not None:
             return
         if trial.request.backend is not Backend.ORT:

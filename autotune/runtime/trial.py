@@ -1,13 +1,21 @@
 """The trial runtime: the part of autotune that runs inside the user's training process.
 
-Public API (re-exported as ``autotune.batch_size``, ``autotune.prepare``, ``autotune.step``):
+Public API (re-exported as ``autotune.batch_size``, ``autotune.grad_accum``, ``autotune.prepare``,
+``autotune.step``):
 
 - ``batch_size(default)``: the trial's batch size. Outside a trial: ``AUTOTUNE_BATCH_SIZE`` if set (what
   ``autotune best --env`` exports), else ``default``.
+- ``grad_accum(default=1)``: micro-batches per optimizer step: the trial's (from ``--global-batch`` or
+  ``--grad-accum``), else ``AUTOTUNE_GRAD_ACCUM``, else ``default``.
 - ``prepare(model)``: applies the trial's recompute plan. Outside a trial: ``AUTOTUNE_PLAN`` if set, else
   nothing.
 - ``step(samples)``: counts a training step. Steps are also counted automatically through torch's global
   optimizer step hook (first optimizer only); the first explicit ``step()`` call turns that off.
+
+A step's samples are the batch size times its micro-batches: the accumulation the trial asked for, else the
+forwards of the model (with gradients on) counted since the previous optimizer step, so a script that
+accumulates on its own is measured right too. A trial that asked for accumulation while the script steps
+its optimizer after every forward fails with a message that says so.
 
 The hooks that count steps and apply the plan without a change to the script are in
 ``autotune.runtime.hooks``.
@@ -36,6 +44,7 @@ from autotune.core.protocol import (
     EXIT_COMPLETE,
     EXIT_FAILED,
     EXIT_OOM,
+    GRAD_ACCUM_ENV,
     PLAN_ENV,
     REQUEST_ENV,
     Outcome,
@@ -54,6 +63,10 @@ class TrialComplete(SystemExit):
         super().__init__(EXIT_COMPLETE)
 
 
+class AccumulationIgnored(RuntimeError):
+    """The trial asked for gradient accumulation and the script stepped its optimizer after every forward."""
+
+
 class _Trial:
     """State of the one trial this process is running."""
 
@@ -70,6 +83,14 @@ class _Trial:
         self.explicit_steps = False
         self.counted_optimizer: int | None = None
         self.finished = False
+        self.forwards = 0  # forwards of the model with gradients on, since the last optimizer step
+        self.counting = True  # off while the probe checks plans on the model
+        self.micro_batches: int | None = None  # forwards in the last step that counted any
+
+    def forward(self) -> None:
+        """One forward of the model being trained (the hooks call it)."""
+        if self.counting:
+            self.forwards += 1
 
     def step(self, samples: int | None) -> None:
         if self.finished:  # the script swallowed TrialComplete and kept going: stop it for good
@@ -78,10 +99,25 @@ class _Trial:
         _synchronize_cuda()
         now = time.perf_counter()
         self.steps += 1
+        micro, self.forwards = self.forwards or None, 0
+        self.micro_batches = micro or self.micro_batches
+        asked = self.request.grad_accum
+        if samples is None and asked is not None and asked > 1 and micro == 1:
+            raise AccumulationIgnored(
+                f"the trial asked for gradient accumulation over {asked} micro-batches of "
+                f"{self.request.batch_size}, but the script stepped its optimizer after one forward: pass "
+                "{grad_accum} to its accumulation option (--gradient_accumulation_steps {grad_accum} for a "
+                "Trainer) or accumulate autotune.grad_accum() micro-batches"
+            )
         if self.steps > self.request.warmup_steps:
             self.step_seconds.append(now - self.last_step_end)
-            self.step_samples.append(self.request.batch_size if samples is None else int(samples))
+            self.step_samples.append(
+                self.request.batch_size * (asked or micro or 1) if samples is None else int(samples)
+            )
         self.last_step_end = now
+        if self.probe is not None and hasattr(self.probe, "after_step"):
+            self.probe.after_step(self)  # the probe's plan checks, between two training steps
+            self.last_step_end = time.perf_counter()
         write_progress(self.request.progress_path, self.steps)
         if self.steps >= self.request.total_steps:
             self.finished = True
@@ -101,6 +137,7 @@ class _Trial:
             plan_applied=self.plan_applied,
             candidates=self.candidates,
             probe=self._probe_result(),
+            micro_batches=self.micro_batches,
         ).write(self.request.report_path)
 
     def _probe_result(self) -> dict[str, Any] | None:
@@ -161,6 +198,24 @@ def batch_size(default: int | None = None) -> int:
         raise InputError(
             f"no batch size: not in an autotune trial, {BATCH_SIZE_ENV} is unset and no default given"
         )
+    return default
+
+
+def grad_accum(default: int = 1) -> int:
+    """Micro-batches to accumulate per optimizer step: the trial's (``--global-batch``: the global batch over
+    the trial's batch size; ``--grad-accum N``: N), else ``$AUTOTUNE_GRAD_ACCUM``, else ``default``.
+
+    Raises:
+        InputError: the variable is not a positive integer.
+    """
+    trial = current()
+    if trial is not None:
+        return trial.request.grad_accum or 1
+    text = os.environ.get(GRAD_ACCUM_ENV)
+    if text:
+        if not text.isascii() or not text.isdigit() or int(text) <= 0:
+            raise InputError(f"{GRAD_ACCUM_ENV} must be a positive integer, got {text!r}")
+        return int(text)
     return default
 
 

@@ -282,7 +282,11 @@ class Search:
         self.reporter.trial_started(trial.number, batch, plan, why)
         try:
             result = self.runner(
-                batch, plan, poll=self.reporter.trial_progress, interruptible=self.shield.allow
+                batch,
+                plan,
+                poll=self.reporter.trial_progress,
+                interruptible=self.shield.allow,
+                grad_accum=self.space.grad_accum(batch),
             )
         except KeyboardInterrupt:
             self.recovery.fail(lease, "interrupted")

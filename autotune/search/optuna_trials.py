@@ -110,4 +110,6 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "samples_per_sec_high": result.samples_per_sec_high,
         "log_dir": result.log_dir,
         "error": result.error.strip().splitlines()[0][:500] if result.error else None,
+        "grad_accum": result.grad_accum,
+        "micro_batches": result.micro_batches,
     }

@@ -51,6 +51,7 @@ class TrialRecord:
     verified_samples_per_sec: float | None = None
     samples_per_sec_low: float | None = None  # the reading's interval (autotune.core.stats)
     samples_per_sec_high: float | None = None
+    grad_accum: int | None = None  # micro-batches per optimizer step the trial asked for
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -110,6 +111,7 @@ _ATTRS = (
     "verified_samples_per_sec",
     "samples_per_sec_low",
     "samples_per_sec_high",
+    "grad_accum",
 )
 
 

@@ -79,6 +79,8 @@ class ResolvedJob:
             cached=cached,
             new_trials=new_trials,
             stopped=stopped,
+            global_batch=self.space.global_batch,
+            grad_accum=self.space.grad_accum(best.batch_size),
         )
 
 
@@ -118,7 +120,9 @@ def resolve(
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
     check_plans(spec.plans, probe)  # before any measured trial
-    space = build_space(spec.batch_sizes, spec.plans, probe)
+    space = build_space(spec.batch_sizes, spec.plans, probe, spec.global_batch, spec.grad_accum)
+    for plan, why in space.excluded.items():
+        reporter.note(f"plan {plan} left out: {why}")
     row = _study_row(spec, workload, limit, space)
     return ResolvedJob(
         spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run,

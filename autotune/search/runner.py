@@ -44,7 +44,9 @@ class TrialRunner:
         settings: TrialSettings | None = None,
         probe: bool = False,
         interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+        grad_accum: int | None = None,
     ) -> TrialResult:
+        """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step)."""
         return run_trial(
             self.command,
             batch,
@@ -60,6 +62,7 @@ class TrialRunner:
             interruptible=interruptible or (self.shield.allow if self.shield is not None else None),
             stop=self.stop,
             ceiling=None if probe else self.ceiling,
+            grad_accum=grad_accum,
         )
 
     def check(self) -> None:

@@ -5,33 +5,61 @@ Batch sizes are a ladder — powers of two and the midpoints between them (1, 2,
 range (``8-512``: the ladder within it) or a list (``8,16,24``). The default range is the whole ladder up to
 65536: the memory model then skips, without running them, the batch sizes it predicts cannot fit, so the
 range that is actually searched is derived from the model and the budget.
+
+With a global batch (``--global-batch G``) the batch sizes are the micro-batches ``b`` that divide ``G``, and
+each trial accumulates ``G / b`` of them per optimizer step: every configuration trains the same global batch.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.backends import ort_plans, parse_backend_plan
-from autotune.backends.probe import operator_plans
-from autotune.backends.probe_report import ModuleCandidate, OrtProbeReport, ProbeReport
+from autotune.backends import parse_backend_plan
+from autotune.backends.probe import default_plans
+from autotune.backends.probe_report import ProbeReport
+from autotune.core.batches import micro_batches
 from autotune.core.errors import InputError
-from autotune.core.plans import Backend, parse_plan
+from autotune.core.plans import Backend
 
 DEFAULT_MAX_BATCH = 65536
 MAX_BATCH_SIZE = 2**31 - 1  # what every database's integer columns (and Optuna's params) hold
-RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated class
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    batch_sizes: tuple[int, ...]
+    batch_sizes: tuple[int, ...]  # micro-batches, with a global batch
     plans: tuple[str, ...]  # canonical plan strings; "none" first when present
+    excluded: dict[str, str] = field(default_factory=dict)  # plans the probe left out, with why
+    global_batch: int | None = None  # each trial accumulates global_batch / batch_size micro-batches
+    declared_accum: int | None = None  # --grad-accum: the script accumulates this many on its own
+
+    def grad_accum(self, batch_size: int) -> int | None:
+        """The accumulation a trial at ``batch_size`` runs with (None: the script's own, counted)."""
+        if self.global_batch is not None:
+            return self.global_batch // batch_size
+        return self.declared_accum
 
     def as_dict(self) -> dict[str, Any]:
-        return {"batch_sizes": list(self.batch_sizes), "plans": list(self.plans)}
+        """What names the search (in the study key): the excluded plans follow from the probe."""
+        space: dict[str, Any] = {"batch_sizes": list(self.batch_sizes), "plans": list(self.plans)}
+        if self.global_batch is not None:
+            space["global_batch"] = self.global_batch
+        if self.declared_accum is not None:
+            space["grad_accum"] = self.declared_accum
+        return space
+
+    @classmethod
+    def from_dict(cls, space: dict[str, Any]) -> SearchSpace:
+        """The space a study row stores (``as_dict``)."""
+        return cls(
+            tuple(space["batch_sizes"]),
+            tuple(space["plans"]),
+            global_batch=space.get("global_batch"),
+            declared_accum=space.get("grad_accum"),
+        )
 
 
 def ladder(low: int, high: int) -> tuple[int, ...]:
@@ -75,6 +103,25 @@ def _parse_batch_sizes(text: str) -> tuple[int, ...]:
     )
 
 
+def micro_batch_sizes(global_batch: int, batch_sizes: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The micro-batches of a global batch (its divisors), within the range of ``batch_sizes`` if given
+    (the default ladder leaves every divisor in).
+
+    Raises:
+        InputError: none of them lies in that range.
+    """
+    divisors = micro_batches(global_batch)
+    if batch_sizes is None or batch_sizes == parse_batch_sizes(None):
+        return divisors
+    inside = tuple(b for b in divisors if batch_sizes[0] <= b <= batch_sizes[-1])
+    if not inside:
+        raise InputError(
+            f"no divisor of --global-batch {global_batch} lies within --batch-sizes "
+            f"{batch_sizes[0]}-{batch_sizes[-1]}: its micro-batches are {', '.join(map(str, divisors))}"
+        )
+    return inside
+
+
 def parse_plan_list(texts: Sequence[str], backend: Backend | str = Backend.TORCH) -> tuple[str, ...]:
     """Plans given with ``--plans`` (separated by ';' or given several times), canonical and deduplicated."""
     plans: list[str] = []
@@ -89,27 +136,20 @@ def parse_plan_list(texts: Sequence[str], backend: Backend | str = Backend.TORCH
     return tuple(plans)
 
 
-def default_plans(
-    candidates: Sequence[ModuleCandidate], operator_level: Sequence[str] = ()
-) -> tuple[str, ...]:
-    """In the order the search's frontier visits them: none; the outermost classes in full; the probe's
-    operator-level plans; the outermost classes at 25/50/75%; the nested classes in full."""
-    outer = [c for c in candidates if c.outermost]
-    plans = ["none", *(f"{c.cls}:1" for c in outer), *operator_level]
-    plans += [f"{c.cls}:{ratio:g}" for c in outer if c.count >= 4 for ratio in RATIOS]
-    plans += [f"{c.cls}:1" for c in candidates if not c.outermost]
-    return tuple(dict.fromkeys(str(parse_plan(p)) for p in plans))
-
-
 def build_space(
-    batch_sizes: tuple[int, ...], plans: tuple[str, ...] | None, probe: ProbeReport | None
+    batch_sizes: tuple[int, ...],
+    plans: tuple[str, ...] | None,
+    probe: ProbeReport | None,
+    global_batch: int | None = None,
+    declared_accum: int | None = None,
 ) -> SearchSpace:
-    """The user's plans, or the defaults from the probe: for torch the module-level plans with the operator
-    level ones, for ORT ORT's own plans with the largest savings and its levels."""
+    """The user's plans, or the defaults from the probe (autotune.backends.probe.default_plans: for torch
+    the module-level plans with the operator-level ones that are predicted to save memory and passed the
+    probe's correctness check; for ORT its own plans with the largest savings and its levels). With a
+    global batch, only the batch sizes that divide it."""
+    if global_batch is not None:
+        batch_sizes = micro_batch_sizes(global_batch, batch_sizes)
     if plans:
-        return SearchSpace(batch_sizes, plans)
-    if isinstance(probe, OrtProbeReport):
-        return SearchSpace(batch_sizes, ort_plans.default_plans(probe))
-    if probe is None:
-        return SearchSpace(batch_sizes, default_plans(()))
-    return SearchSpace(batch_sizes, default_plans(probe.candidates, operator_plans(probe)))
+        return SearchSpace(batch_sizes, plans, {}, global_batch, declared_accum)
+    defaults, excluded = default_plans(probe)
+    return SearchSpace(batch_sizes, defaults, excluded, global_batch, declared_accum)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.core.batches import MAX_GLOBAL_BATCH, check_global_batch
 from autotune.core.budget import DEFAULT_HEADROOM, Budget, check_headroom, parse_budget, parse_headroom
 from autotune.core.errors import InputError
 from autotune.core.paths import cache_dir, default_storage_url
@@ -18,7 +19,7 @@ from autotune.core.plans import Backend
 from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
 from autotune.search.naming import check_study_name
 from autotune.search.records import TrialRecord
-from autotune.search.space import parse_batch_sizes, parse_plan_list
+from autotune.search.space import micro_batch_sizes, parse_batch_sizes, parse_plan_list
 from autotune.storage import BestRow
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
@@ -45,6 +46,8 @@ class TuneSpec:
     exhaustive: bool = (
         False  # measure every plan's frontier and then sample until ``trials``: no stopping rule
     )
+    global_batch: int | None = None  # every trial trains this many samples per optimizer step
+    grad_accum: int | None = None  # the script accumulates this many micro-batches on its own
     # Devices that run trials of this job beside ``device``, in this process (workers.Worker threads).
     # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
     helpers: tuple[str, ...] | None = None
@@ -55,6 +58,13 @@ class TuneSpec:
         check_headroom(self.headroom)
         if self.study is not None:
             check_study_name(self.study)
+        if self.global_batch is not None:
+            check_global_batch(self.global_batch)
+            if self.grad_accum is not None:
+                raise InputError("give --global-batch or --grad-accum, not both")
+            micro_batch_sizes(self.global_batch, self.batch_sizes)  # some micro-batch lies in the range
+        if self.grad_accum is not None and not 1 <= self.grad_accum <= MAX_GLOBAL_BATCH:
+            raise InputError(f"--grad-accum must be between 1 and {MAX_GLOBAL_BATCH}, got {self.grad_accum}")
         object.__setattr__(self, "backend", Backend.parse(self.backend))  # "ort" given as a string
 
     @property
@@ -85,6 +95,8 @@ class TuneSpec:
             "seed": self.seed,
             "backend": self.backend.value,
             "exhaustive": self.exhaustive,
+            "global_batch": self.global_batch,
+            "grad_accum": self.grad_accum,
         }
 
     @classmethod
@@ -112,6 +124,8 @@ class TuneSpec:
             study=study,
             backend=Backend.parse(data["backend"]),
             exhaustive=bool(data.get("exhaustive", False)),  # jobs stored before the stopping rule: False
+            global_batch=data.get("global_batch"),
+            grad_accum=data.get("grad_accum"),
         )
 
 
@@ -134,7 +148,7 @@ def tune_spec(
         plans: plan strings, each possibly ';'-separated; empty: derived from the model.
         headroom: ``5%`` or ``0.05``.
         options: the other TuneSpec fields as they are (trials, settings, seed, device, cache_dir,
-            storage, study, force, exhaustive, helpers).
+            storage, study, force, exhaustive, helpers, global_batch, grad_accum).
 
     Raises:
         InputError: a bad command, budget, batch-size list, plan, headroom or option, in one line.
@@ -163,3 +177,5 @@ class TuneResult:
     cached: bool  # answered from the database with zero trials
     new_trials: int
     stopped: str | None = None  # why the search stopped before ``trials`` (None: it ran them all, or cached)
+    global_batch: int | None = None  # the study's fixed global batch, if any
+    grad_accum: int | None = None  # the winner's micro-batches per optimizer step (global batch or declared)

@@ -69,9 +69,14 @@ def check_ours(store: Store, name: str) -> None:
 
 def _warm_start(study: optuna.Study, store: Store, row: StudyRow, limit: int) -> None:
     """Seed a new study with this workload's trials measured for other budgets, inside its space."""
-    space = SearchSpace(tuple(row.space["batch_sizes"]), tuple(row.space["plans"]))
+    space = SearchSpace.from_dict(row.space)
     for other in store.studies(row.fingerprint):
-        if other.study_name == row.study_name:
+        # Another global batch (or accumulation) measures other samples/s at the same batch size.
+        accumulation = SearchSpace.from_dict(other.space)
+        if other.study_name == row.study_name or (accumulation.global_batch, accumulation.declared_accum) != (
+            space.global_batch,
+            space.declared_accum,
+        ):
             continue
         for record in records_of(optuna.load_study(study_name=other.study_name, storage=store.optuna)):
             if (

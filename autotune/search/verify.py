@@ -258,6 +258,7 @@ def _run_verification(
             poll=search.reporter.trial_progress,
             settings=settings,
             interruptible=search.shield.allow,
+            grad_accum=search.space.grad_accum(batch),
         )
     except StopRequested:
         search.recovery.release(lease, trial.number)

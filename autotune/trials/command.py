@@ -3,7 +3,9 @@
 A script runs under ``python -m autotune.runtime.harness`` with the tuner's interpreter. A template that starts
 with a Python interpreter gets the harness injected after the interpreter's own flags; any other command
 (a shell wrapper, say) gets autotune's sitecustomize on its PYTHONPATH. Either way step counting and the
-recompute plan work without changing the script. ``{batch_size}`` is replaced in every word of a template.
+recompute plan work without changing the script. ``{batch_size}`` is replaced in every word of a template,
+and ``{grad_accum}`` by the micro-batches the trial accumulates per optimizer step (1 without a global batch
+or ``--grad-accum``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import autotune
 from autotune.core.errors import InputError
 
 PLACEHOLDER = "{batch_size}"
+ACCUM_PLACEHOLDER = "{grad_accum}"
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?", re.ASCII)
 _FLAGS_WITH_VALUE = ("-W", "-X")
 _PACKAGE_PARENT = str(Path(autotune.__file__).resolve().parent.parent)
@@ -57,11 +60,14 @@ class TrialCommand:
         command.argv(1)  # validates the template once, here
         return command
 
-    def argv(self, batch_size: int) -> list[str]:
-        """The command line of a trial with ``batch_size``."""
+    def argv(self, batch_size: int, grad_accum: int | None = None) -> list[str]:
+        """The command line of a trial with ``batch_size`` (accumulating ``grad_accum`` micro-batches)."""
         if not self.is_template:
             return [sys.executable, "-m", "autotune.runtime.harness", *self.words]
-        words = [w.replace(PLACEHOLDER, str(batch_size)) for w in self.words]
+        words = [
+            w.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(grad_accum or 1))
+            for w in self.words
+        ]
         if not _PYTHON.fullmatch(os.path.basename(words[0])):
             return words
         i = 1

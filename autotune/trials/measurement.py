@@ -15,11 +15,20 @@ from typing import Any
 
 from autotune.backends import AnyPlan, parse_backend_plan
 from autotune.backends.probe_report import ModuleCandidate, probe_report_from_json
+from autotune.core.batches import grad_accum_for
 from autotune.core.budget import Budget, parse_budget
 from autotune.core.errors import InputError
 from autotune.core.paths import cache_dir, new_trial_dir
 from autotune.core.plans import Backend, Plan
-from autotune.core.protocol import BATCH_SIZE_ENV, PLAN_ENV, REQUEST_ENV, Outcome, TrialReport, TrialRequest
+from autotune.core.protocol import (
+    BATCH_SIZE_ENV,
+    GRAD_ACCUM_ENV,
+    PLAN_ENV,
+    REQUEST_ENV,
+    Outcome,
+    TrialReport,
+    TrialRequest,
+)
 from autotune.hardware.devices import Device, resolve_device
 from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
@@ -44,10 +53,13 @@ class MeasureSpec:
     cache_dir: Path | None = None
     backend: Backend = Backend.TORCH
     budget: Budget | None = None
+    grad_accum: int | None = None  # micro-batches per optimizer step the trial asks for (None: the script's)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise InputError(f"batch size must be a positive integer, got {self.batch_size}")
+        if self.grad_accum is not None and self.grad_accum < 1:
+            raise InputError(f"--grad-accum must be a positive integer, got {self.grad_accum}")
 
 
 def measure_spec(
@@ -60,12 +72,21 @@ def measure_spec(
     settings: TrialSettings | None = None,
     device: str = "auto",
     cache_dir: Path | None = None,
+    global_batch: int | None = None,
+    grad_accum: int | None = None,
 ) -> MeasureSpec:
     """A MeasureSpec from what a user types: ``measure_spec(["train.py"], 32, plan="all", budget="8GB")``.
 
+    ``global_batch``: the trial accumulates ``global_batch / batch_size`` micro-batches per optimizer step;
+    ``grad_accum``: the script accumulates that many on its own (either way samples/s counts them all).
+
     Raises:
-        InputError: a bad command, plan, backend or budget, in one line.
+        InputError: a bad command, plan, backend, budget or global batch, in one line.
     """
+    if global_batch is not None:
+        if grad_accum is not None:
+            raise InputError("give --global-batch or --grad-accum, not both")
+        grad_accum = grad_accum_for(global_batch, batch_size)
     return MeasureSpec(
         command=TrialCommand.parse(command),
         batch_size=batch_size,
@@ -75,6 +96,7 @@ def measure_spec(
         cache_dir=cache_dir,
         backend=Backend.parse(backend),
         budget=parse_budget(budget) if budget is not None else None,
+        grad_accum=grad_accum,
     )
 
 
@@ -109,6 +131,7 @@ def measure(
             probe=probe,
             interruptible=shield.allow,
             ceiling=budget_bytes,  # a trial is stopped as soon as it passes the budget it is measured against
+            grad_accum=spec.grad_accum,
         )
     return dataclasses.replace(result, budget_bytes=budget_bytes)
 
@@ -128,16 +151,18 @@ def run_trial(
     interruptible: Callable[[], AbstractContextManager[None]] | None = None,
     stop: threading.Event | None = None,
     ceiling: int | None = None,
+    grad_accum: int | None = None,
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
 
     ``ceiling``: bytes; a trial whose sampled peak passes it is stopped at once and ends ``over-budget``.
+    ``grad_accum``: micro-batches per optimizer step the trial asks for (None: the script's own, counted).
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     workdir = new_trial_dir(root)
-    request = _request(workdir, batch_size, plan, backend, device, settings, probe)
+    request = _request(workdir, batch_size, plan, backend, device, settings, probe, grad_accum)
     request.write(workdir / "request.json")
     launch = Launch(
-        argv=tuple(command.argv(batch_size)),
+        argv=tuple(command.argv(batch_size, grad_accum)),
         env=command.env(_trial_env(request, workdir, device, environ, command, backend, root)),
         workdir=workdir,
         progress_path=Path(request.progress_path),
@@ -163,6 +188,7 @@ def _request(
     device: Device,
     settings: TrialSettings,
     probe: bool,
+    grad_accum: int | None,
 ) -> TrialRequest:
     return TrialRequest(
         batch_size=batch_size,
@@ -174,6 +200,7 @@ def _request(
         report_path=str(workdir / "report.json"),
         progress_path=str(workdir / "progress.json"),
         probe=probe,
+        grad_accum=grad_accum,
     )
 
 
@@ -194,6 +221,7 @@ def _trial_env(
         REQUEST_ENV: str(workdir / "request.json"),
         BATCH_SIZE_ENV: str(request.batch_size),
         PLAN_ENV: request.plan,
+        GRAD_ACCUM_ENV: str(request.grad_accum or 1),
         "PYTHONUNBUFFERED": "1",
     }
     if backend is Backend.ORT:
@@ -248,4 +276,6 @@ def _result(
             else None
         ),
         probe=probe_report_from_json(report.probe) if report else None,
+        grad_accum=request.grad_accum,
+        micro_batches=report.micro_batches if report else None,
     )

@@ -39,6 +39,8 @@ class TrialResult:
     budget_bytes: int | None = None  # the budget it was measured against (measure --budget), if any
     samples_per_sec_low: float | None = None  # the median's interval (autotune.core.stats)
     samples_per_sec_high: float | None = None
+    grad_accum: int | None = None  # micro-batches per optimizer step the trial asked for
+    micro_batches: int | None = None  # forwards the trial counted in its last optimizer step
 
     @property
     def throughput(self) -> Interval | None:

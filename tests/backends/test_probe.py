@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 
 import pytest
 
-from autotune.backends.probe import predicted_saving, rows
-from autotune.backends.probe_report import InstanceStats, ModuleCandidate, TorchProbeReport
+from autotune.backends.probe import default_plans, plans_to_check, predicted_saving, rows
+from autotune.backends.probe_report import InstanceStats, ModuleCandidate, PlanCheck, TorchProbeReport
 from autotune.core.plans import parse_plan
 
 from conftest import AUTOTUNE, DETERMINISTIC_CPU_ALLOCATOR, EXAMPLES, MiB, measure_example
@@ -81,7 +82,9 @@ def test_predicted_saving_walks_backward_in_reverse(plan: str, saving: int) -> N
 
 def test_probe_rows_read_like_a_plan_table() -> None:
     table = {row.plan: row for row in rows(probe_data())}
-    assert list(table) == ["Block:1", "MLP:1", "Block:1/recompute=softmax", "Block:1/save=attention+matmul"]
+    # The selective policy keeps only the expensive kinds the block runs: matmuls here, no attention.
+    assert list(table) == ["Block:1", "MLP:1", "Block:1/recompute=softmax", "Block:1/save=matmul"]
+    assert [row.excluded for row in table.values()] == ["", "", "", ""]
     assert (
         table["Block:1"].frequency,
         table["Block:1"].saving_bytes,
@@ -89,6 +92,41 @@ def test_probe_rows_read_like_a_plan_table() -> None:
     ) == (4, 27, 13.5)
     assert table["Block:1"].forward_share == 1.0
     assert table["Block:1/recompute=softmax"].forward_share == 0.25
+
+
+def test_default_plans_in_frontier_order_and_the_ones_left_out_with_why() -> None:
+    data = probe_data()
+    assert default_plans(data) == (
+        ("none", "Block:1", "Block:1/save=matmul", "Block:0.25", "Block:0.5", "Block:0.75", "MLP:1"),
+        {},
+    )
+    # Matmul outputs larger than what autograd keeps: each block would hold 10 - (10 - 40 - 1) = 41, 4 x 41
+    # = 164 against 40 without a plan.
+    costly = probe_data(matmul_out=40)
+    plans, excluded = default_plans(costly)
+    assert "Block:1/save=matmul" not in plans
+    assert excluded == {"Block:1/save=matmul": "predicted to cost 124 B"}
+    assert default_plans(None) == (("none",), {})
+
+
+def test_a_plan_that_failed_its_check_is_left_out_with_its_ratios() -> None:
+    checks = (
+        PlanCheck("Block:1", error="RuntimeError: aten.slice.Tensor encountered during backward"),
+        PlanCheck("Block:1/save=matmul", 0.0, 0.0, 1e-5),
+        PlanCheck("MLP:1", 0.0, 0.5, 1e-5),
+    )
+    data = dataclasses.replace(probe_data(), checks=checks)
+    assert plans_to_check(probe_data()) == ("Block:1", "MLP:1", "Block:1/save=matmul")
+    plans, excluded = default_plans(data)
+    assert plans == ("none", "Block:1/save=matmul")
+    assert excluded["Block:1"] == (
+        "fails on this model: RuntimeError: aten.slice.Tensor encountered during backward"
+    )
+    assert excluded["Block:0.5"] == f"as Block:1: {excluded['Block:1']}"
+    assert excluded["MLP:1"] == (
+        "changes the numbers: loss off by 0, gradients by 0.5 (relative; tolerance 1e-05)"
+    )
+    assert TorchProbeReport.from_json(json.loads(json.dumps(data.to_json()))) == data
 
 
 def probe_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -137,7 +175,13 @@ def test_probe_json_schema_and_the_candidates_of_the_example_transformer(gpt_pro
         "saving_per_sample",
         "forward_share",
         "detail",
+        "excluded",
     } == set(gpt_probe["candidates"][0])
+    # Every plan the search may use was checked on the model against no plan, and passed.
+    assert {row["plan"] for row in gpt_probe["candidates"] if not row["excluded"]} >= {
+        "Block:1",
+        "Block:1/save=matmul",  # the example computes attention with matmuls: no attention op
+    }
 
 
 @pytest.mark.slow

@@ -46,8 +46,23 @@ def test_batch_size_without_any_source_is_an_error(outside) -> None:
         autotune.batch_size()
 
 
+def test_grad_accum_outside_a_trial_from_the_environment(outside) -> None:
+    outside.delenv("AUTOTUNE_GRAD_ACCUM", raising=False)
+    assert (autotune.grad_accum(), autotune.grad_accum(default=3)) == (1, 3)
+    outside.setenv("AUTOTUNE_GRAD_ACCUM", "4")
+    assert autotune.grad_accum() == 4
+    outside.setenv("AUTOTUNE_GRAD_ACCUM", "0")
+    with pytest.raises(InputError, match="AUTOTUNE_GRAD_ACCUM must be a positive integer"):
+        autotune.grad_accum()
+
+
 def _run_child(
-    tmp_path: Path, code: str, warmup: int = 1, measured: int = 2, batch: int = 8
+    tmp_path: Path,
+    code: str,
+    warmup: int = 1,
+    measured: int = 2,
+    batch: int = 8,
+    grad_accum: int | None = None,
 ) -> tuple[int, TrialReport]:
     request = TrialRequest(
         batch,
@@ -58,6 +73,7 @@ def _run_child(
         measured,
         str(tmp_path / "report.json"),
         str(tmp_path / "progress.json"),
+        grad_accum=grad_accum,
     )
     request.write(tmp_path / "request.json")
     script = tmp_path / "script.py"
@@ -109,6 +125,43 @@ def test_optimizer_steps_are_counted_first_optimizer_only(tmp_path) -> None:
     )
     assert code == 0
     assert (report.steps_done, report.step_samples) == (5, (5, 5, 5))
+
+
+ACCUMULATING = (
+    "import sys, torch, autotune\n"
+    "model = torch.nn.Linear(2, 2)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "accumulate = int(sys.argv[1]) if len(sys.argv) > 1 else autotune.grad_accum()\n"
+    "with torch.no_grad():\n    model(torch.ones(1, 2))  # an evaluation: not a micro-batch\n"
+    "for i in range(100):\n"
+    "    for _ in range(accumulate):\n        model(torch.ones(1, 2)).sum().backward()\n"
+    "    opt.step(); opt.zero_grad()\n"
+)
+
+
+def test_a_step_counts_the_micro_batches_the_trial_asked_for(tmp_path) -> None:
+    code, report = _run_child(tmp_path, ACCUMULATING, warmup=1, measured=3, batch=8, grad_accum=4)
+    assert code == 0
+    assert (report.step_samples, report.micro_batches) == ((32, 32, 32), 4)
+
+
+def test_a_script_s_own_accumulation_is_counted_from_its_forwards(tmp_path) -> None:
+    script = ACCUMULATING.replace("int(sys.argv[1]) if len(sys.argv) > 1 else autotune.grad_accum()", "3")
+    code, report = _run_child(tmp_path, script, warmup=1, measured=2, batch=5)
+    assert code == 0
+    assert (report.step_samples, report.micro_batches) == ((15, 15), 3)
+
+
+def test_a_script_that_ignores_the_accumulation_asked_for_is_told_so(tmp_path) -> None:
+    script = ACCUMULATING.replace("int(sys.argv[1]) if len(sys.argv) > 1 else autotune.grad_accum()", "1")
+    code, report = _run_child(tmp_path, script, batch=8, grad_accum=4)
+    assert (code, report.outcome, report.steps_done) == (76, Outcome.FAILED, 1)
+    assert report.error == (
+        "AccumulationIgnored: the trial asked for gradient accumulation over 4 micro-batches of 8, but the "
+        "script stepped its optimizer after one forward: pass {grad_accum} to its accumulation option "
+        "(--gradient_accumulation_steps {grad_accum} for a Trainer) or accumulate autotune.grad_accum() "
+        "micro-batches"
+    )
 
 
 def test_the_harness_applies_the_plan_at_the_first_forward(tmp_path) -> None:

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.backends.probe_report import ModuleCandidate
 from autotune.core.errors import InputError
 from autotune.search.memory_model import MemoryModel, Observation
-from autotune.search.space import default_plans, ladder, parse_batch_sizes, parse_plan_list
+from autotune.search.space import SearchSpace, build_space, ladder, parse_batch_sizes, parse_plan_list
 
 MiB = 2**20
 
@@ -40,19 +39,21 @@ def test_plan_lists_are_canonical_and_deduplicated() -> None:
         parse_plan_list([";"])
 
 
-def test_default_plans_from_the_candidates() -> None:
-    candidates = [ModuleCandidate("Block", 12, outermost=True), ModuleCandidate("MLP", 12, outermost=False)]
-    assert default_plans(candidates) == ("none", "Block:1", "Block:0.25", "Block:0.5", "Block:0.75", "MLP:1")
-    assert default_plans(candidates, ["Block:1/save=matmul"]) == (
-        "none",
-        "Block:1",
-        "Block:1/save=matmul",
-        "Block:0.25",
-        "Block:0.5",
-        "Block:0.75",
-        "MLP:1",
-    )
-    assert default_plans([]) == ("none",)
+def test_a_global_batch_searches_its_divisors_within_the_range() -> None:
+    assert build_space(parse_batch_sizes(None), None, None, global_batch=48).batch_sizes == (
+        1, 2, 3, 4, 6, 8, 12, 16, 24, 48,
+    )  # fmt: skip
+    space = build_space(parse_batch_sizes("4-16"), ("none",), None, global_batch=32)
+    assert (space.batch_sizes, [space.grad_accum(b) for b in space.batch_sizes]) == ((4, 8, 16), [8, 4, 2])
+    assert space.as_dict() == {"batch_sizes": [4, 8, 16], "plans": ["none"], "global_batch": 32}
+    assert SearchSpace.from_dict(space.as_dict()) == space
+    with pytest.raises(InputError, match="no divisor of --global-batch 7 lies within --batch-sizes 8-16"):
+        build_space(parse_batch_sizes("8-16"), ("none",), None, global_batch=7)
+    with pytest.raises(InputError, match="--global-batch must be between 1 and"):
+        build_space(parse_batch_sizes(None), ("none",), None, global_batch=0)
+    declared = build_space(parse_batch_sizes("8"), ("none",), None, declared_accum=4)
+    assert (declared.grad_accum(8), declared.as_dict()["grad_accum"]) == (4, 4)
+    assert build_space(parse_batch_sizes("8"), ("none",), None).grad_accum(8) is None
 
 
 def obs(batch: int, plan: str, mib: float, complete: bool = True) -> Observation:

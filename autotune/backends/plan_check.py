@@ -1,0 +1,159 @@
+"""The probe's correctness check: each plan the search may use, tried on the script's own model and batch
+against no plan, before any trial measures it.
+
+A plan must never change the numbers. Each check runs one forward and backward of the model on the batch
+the probe recorded, from the same random state (dropout draws the same masks), with the model's buffers
+put back before each run, and compares the loss and every parameter's gradient with no plan's. The loss is
+the model's own when its output carries one (a Hugging Face model given labels), else a fixed function of
+every floating output that has gradients (the mean of its squares), so that every gradient depends on the
+values the plan recomputes.
+
+Tolerance, relative to the reference (the loss; the largest gradient of any parameter): 1e-5 for 32-bit
+parameters, 1e-3 for float16, 1e-2 for bfloat16 (recompute on a GPU may reorder reductions; on the CPU the
+numbers come out identical). A plan that raises (selective recompute refusing an op it did not record, an
+unsupported module) is excluded with its error.
+
+The script's gradients, buffers and random state are as they were afterwards, and the training step that
+follows is not timed with the check in it (autotune.runtime.trial).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from autotune.backends.probe_report import PlanCheck
+from autotune.backends.torch_modules import plan_applied
+from autotune.core.plans import parse_plan
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+_SEED = 20261123
+_TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float64: 1e-9}
+_DEFAULT_TOLERANCE = 1e-5
+
+
+def capture(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Inputs:
+    """A copy of a forward's inputs that the script cannot change under the check."""
+    copied: Inputs = tree_map_only(torch.Tensor, _copy, (args, kwargs))
+    return copied
+
+
+def check_plans(model: nn.Module, inputs: Inputs, plans: Sequence[str]) -> list[PlanCheck]:
+    """Each of ``plans`` on ``model`` against no plan (an empty list if no plan's step itself fails)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or not plans:
+        return []
+    grads = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    tolerance = max(_TOLERANCE.get(p.dtype, _DEFAULT_TOLERANCE) for p in params)
+    try:
+        try:
+            reference = _one_step(model, params, inputs, buffers)
+        except Exception:  # the model cannot be run this way at all: nothing to compare against
+            return []
+        checks = []
+        for plan in plans:
+            try:
+                with plan_applied(model, parse_plan(plan)):
+                    result = _one_step(model, params, inputs, buffers)
+            except Exception as error:
+                checks.append(PlanCheck(plan, error=_one_line(error)))
+                continue
+            checks.append(_compare(plan, reference, result, tolerance))
+        return checks
+    finally:
+        for param, grad in zip(params, grads, strict=True):
+            param.grad = grad
+        _restore(buffers)
+
+
+_Step = tuple[float, list[torch.Tensor | None]]
+
+
+def _one_step(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    inputs: Inputs,
+    buffers: list[tuple[torch.Tensor, torch.Tensor]],
+) -> _Step:
+    for param in params:
+        param.grad = None
+    _restore(buffers)
+    args, kwargs = inputs
+    devices = (
+        [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    )
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(_SEED)
+        loss = _loss(model(*args, **kwargs))
+        loss.backward()
+    grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    for param in params:
+        param.grad = None
+    return float(loss.detach().double()), grads
+
+
+def _compare(plan: str, reference: _Step, result: _Step, tolerance: float) -> PlanCheck:
+    (loss, grads), (plan_loss, plan_grads) = reference, result
+    for expected, got in zip(grads, plan_grads, strict=True):
+        if (expected is None) != (got is None):
+            return PlanCheck(plan, error="a parameter's gradient is missing with the plan or without it")
+    scale = max((float(g.abs().max()) for g in grads if g is not None and g.numel()), default=0.0)
+    worst = max(
+        (
+            float((e.double() - g.double()).abs().max())
+            for e, g in zip(grads, plan_grads, strict=True)
+            if e is not None and g is not None and e.numel()
+        ),
+        default=0.0,
+    )
+    return PlanCheck(
+        plan,
+        loss_delta=abs(plan_loss - loss) / max(abs(loss), 1e-30),
+        grad_delta=worst / max(scale, 1e-30),
+        tolerance=tolerance,
+    )
+
+
+def _loss(output: Any) -> torch.Tensor:
+    """The model's own loss if its output has one, else the mean square of every floating output with
+    gradients, summed."""
+    own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(own, torch.Tensor) and own.numel() == 1 and own.requires_grad:
+        return own.reshape(())
+    parts = [t.float().square().mean() for t in _tensors(output) if t.requires_grad and t.is_floating_point()]
+    if not parts:
+        raise RuntimeError("the model's output holds no tensor with gradients")
+    return torch.stack(parts).sum()
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    copy = tensor.detach().clone()
+    return copy.requires_grad_() if tensor.requires_grad and tensor.is_leaf else copy
+
+
+def _restore(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for buffer, value in buffers:
+            buffer.copy_(value)
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -1,0 +1,134 @@
+"""Model-family compatibility (CI's own phase, `make test-compat`): Hugging Face GPT-2, Llama and BERT
+built from configs, a torchvision ResNet and a Lightning module, each trained by a real script in real
+trials; a Hugging Face Trainer through a command template. Nothing is downloaded.
+
+For each family: the probe finds the repeated blocks (not their containers), every plan the search may use
+passed the probe's check against no plan, and at one batch size every default plan completes and peaks
+lower than no plan; in this process, every plan gives no plan's loss, gradients and buffers exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "transformers", reason="the compatibility suite needs the test extra: pip install -e '.[test]'"
+)
+pytest.importorskip(
+    "torchvision", reason="the compatibility suite needs the test extra: pip install -e '.[test]'"
+)
+pytest.importorskip(
+    "lightning", reason="the compatibility suite needs the test extra: pip install -e '.[test]'"
+)
+
+import torch
+
+from autotune import api
+from autotune.backends.probe import default_plans, plans_to_check
+from autotune.backends.torch_modules import find_candidates, plan_applied
+from autotune.core.plans import parse_plan
+from autotune.core.protocol import Outcome
+from autotune.trials.measurement import measure_spec
+from autotune.trials.settings import TrialSettings
+
+from conftest import DETERMINISTIC_CPU_ALLOCATOR, MiB
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from models import build, loss_of
+
+pytestmark = pytest.mark.compat
+
+SCRIPTS = Path(__file__).parent / "scripts"
+# The outermost repeated class of each family, and how many blocks it has.
+BLOCKS = {
+    "gpt2": ("GPT2Block", 4),
+    "llama": ("LlamaDecoderLayer", 4),
+    "bert": ("BertLayer", 4),
+    "resnet": ("BasicBlock", 8),
+    "lightning": ("TransformerEncoderLayer", 4),
+}
+BATCH = {"gpt2": 16, "llama": 16, "bert": 16, "resnet": 16, "lightning": 32}
+
+
+def _step(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[float, dict[str, torch.Tensor]]:
+    torch.manual_seed(7)  # the same dropout masks with and without a plan
+    loss = loss_of(model(**inputs))
+    loss.backward()
+    state = {f"grad:{n}": p.grad for n, p in model.named_parameters() if p.grad is not None}
+    state.update({f"buffer:{n}": b for n, b in model.named_buffers()})
+    return float(loss), state
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_every_plan_gives_the_loss_gradients_and_buffers_of_no_plan(family: str) -> None:
+    model, batch = build(family)
+    model.train()
+    inputs = batch(4)
+    reference = _step(copy.deepcopy(model), inputs)
+    candidates = find_candidates(model)
+    outer = next(c.cls for c in candidates if c.outermost)
+    plans = [f"{c.cls}:1" for c in candidates] + [f"{outer}:0.5"]
+    plans += [f"{outer}:1/save=matmul", f"{outer}:1/save=attention+conv+matmul", f"{outer}:1/recompute=norm"]
+    for plan in plans:
+        copied = copy.deepcopy(model)
+        with plan_applied(copied, parse_plan(plan)):
+            loss, state = _step(copied, inputs)
+        assert loss == reference[0], plan
+        assert state.keys() == reference[1].keys(), plan
+        different = [k for k in state if not torch.equal(state[k], reference[1][k])]
+        assert different == [], f"{plan} changes {different[:3]}"
+        assert "forward" not in vars(copied.get_submodule(copied_name(copied, outer))), "plan left in place"
+
+
+def copied_name(model: torch.nn.Module, cls: str) -> str:
+    return next(name for name, m in model.named_modules() if type(m).__name__ == cls)
+
+
+def _command(family: str) -> list[str]:
+    if family == "lightning":
+        return [sys.executable, str(Path(__file__).parents[2] / "examples" / "lightning_module.py"),
+                "--batch-size", "{batch_size}"]  # fmt: skip
+    return [sys.executable, str(SCRIPTS / "train.py"), "--model", family, "--batch-size", "{batch_size}"]
+
+
+def _measure(family: str, plan: str, cache: Path) -> Any:
+    spec = measure_spec(
+        _command(family), BATCH[family], plan=plan, device="cpu", cache_dir=cache,
+        settings=TrialSettings(warmup_steps=1, measured_steps=2),
+    )  # fmt: skip
+    return api.measure(spec, environ={**os.environ, **DETERMINISTIC_CPU_ALLOCATOR})
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_the_probe_finds_the_blocks_and_every_default_plan_completes_and_saves_memory(
+    family: str, tmp_path: Path
+) -> None:
+    probed = api.probe(_command(family), batch_size=4, device="cpu", cache_dir=tmp_path)
+    assert probed.outcome is Outcome.COMPLETE, probed.error
+    report = probed.probe
+    assert report is not None and report.backend.value == "torch"
+    assert [(c.cls, c.count) for c in report.candidates if c.outermost] == [BLOCKS[family]]
+    checked = {c.plan: c for c in report.checks}
+    assert set(checked) == set(plans_to_check(report))
+    assert [p for p, c in checked.items() if not c.ok] == []
+    plans, excluded = default_plans(report)
+    outer = BLOCKS[family][0]
+    assert f"{outer}:1" in plans and any(p.startswith(f"{outer}:1/save=") for p in plans), (plans, excluded)
+    none = _measure(family, "none", tmp_path)
+    assert none.outcome is Outcome.COMPLETE, none.error
+    peaks = {}
+    for plan in plans[1:]:
+        result = _measure(family, plan, tmp_path)
+        assert result.outcome is Outcome.COMPLETE, f"{plan}: {result.error}"
+        assert result.plan == plan
+        peaks[plan] = result.peak_bytes
+    print(f"{family}: none {none.peak_bytes / MiB:.1f} MiB; " + ", ".join(
+        f"{plan} -{(none.peak_bytes - peak) / MiB:.1f}" for plan, peak in peaks.items()
+    ))  # fmt: skip
+    assert [plan for plan, peak in peaks.items() if peak >= none.peak_bytes] == []

@@ -1,0 +1,61 @@
+"""A Hugging Face Trainer script that knows nothing of autotune (examples/hf_trainer.py), measured through a
+command template with gradient accumulation: every optimizer step counts all of its samples."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "transformers", reason="the compatibility suite needs the test extra: pip install -e '.[test]'"
+)
+
+from autotune import api
+from autotune.core.protocol import Outcome
+from autotune.trials.measurement import measure_spec
+from autotune.trials.result import TrialResult
+from autotune.trials.settings import TrialSettings
+
+pytestmark = pytest.mark.compat
+
+TRAINER = str(Path(__file__).parents[2] / "examples" / "hf_trainer.py")
+
+
+def measure(accumulation_option: str, **accumulation: int) -> TrialResult:
+    command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
+    command += ["--gradient_accumulation_steps", accumulation_option]
+    spec = measure_spec(
+        command, 8, device="cpu", settings=TrialSettings(warmup_steps=1, measured_steps=3), **accumulation
+    )
+    return api.measure(spec)
+
+
+def samples_per_step(result: TrialResult) -> float:
+    assert result.samples_per_sec is not None
+    return round(result.samples_per_sec * statistics.median(result.step_seconds), 6)
+
+
+def test_a_global_batch_accumulates_through_the_template_and_counts_every_sample() -> None:
+    result = measure("{grad_accum}", global_batch=32)
+    assert result.outcome is Outcome.COMPLETE, result.error
+    assert (result.grad_accum, result.micro_batches, samples_per_step(result)) == (4, 4, 32)
+
+
+def test_the_trainer_s_own_accumulation_is_counted() -> None:
+    result = measure("4")
+    assert result.outcome is Outcome.COMPLETE, result.error
+    assert (result.grad_accum, result.micro_batches, samples_per_step(result)) == (None, 4, 32)
+
+
+def test_a_trainer_that_ignores_the_asked_accumulation_fails_saying_so() -> None:
+    result = measure("1", global_batch=32)
+    assert result.outcome is Outcome.FAILED and result.error is not None
+    assert result.error.splitlines()[0] == (
+        "AccumulationIgnored: the trial asked for gradient accumulation over 4 micro-batches of 8, but the "
+        "script stepped its optimizer after one forward: pass {grad_accum} to its accumulation option "
+        "(--gradient_accumulation_steps {grad_accum} for a Trainer) or accumulate autotune.grad_accum() "
+        "micro-batches"
+    )

@@ -1,0 +1,79 @@
+"""A fixed global batch through real trials of a real torch script: every trial accumulates
+``global / batch`` micro-batches per optimizer step ({grad_accum} in its command), samples/s counts them all,
+and the answer exports the accumulation beside the batch size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+
+from conftest import AUTOTUNE
+
+SCRIPT = """\
+import argparse, time, torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--bs", type=int, required=True)
+parser.add_argument("--accum", type=int, required=True)
+args = parser.parse_args()
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(1000):
+    for _ in range(args.accum):
+        model(torch.ones(args.bs, 64)).sum().backward()
+        time.sleep(0.004)  # a micro-batch costs a fixed time: bigger micro-batches are faster per sample
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def autotune(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AUTOTUNE, *argv], capture_output=True, text=True, timeout=600)
+
+
+def template(folder: Path) -> list[str]:
+    """The script written to ``folder``, as a command template with both placeholders."""
+    (folder / "train.py").write_text(SCRIPT)
+    return ["--", sys.executable, str(folder / "train.py"), "--bs", "{batch_size}", "--accum", "{grad_accum}"]
+
+
+def test_measure_asks_for_the_accumulation_of_a_global_batch(tmp_path: Path) -> None:
+    command = template(tmp_path)
+    common = ["measure", "--device", "cpu", "--json", "--cache-dir", str(tmp_path), "--steps", "3"]
+    result = json.loads(autotune(*common, "-b", "4", "--global-batch", "16", *command).stdout)
+    assert (result["outcome"], result["grad_accum"], result["micro_batches"]) == ("complete", 4, 4)
+    refused = autotune(*common, "-b", "3", "--global-batch", "16", *command)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "Error: batch size 3 does not divide --global-batch 16: its micro-batches are 1, 2, 4, 8, 16"
+    )
+
+
+def test_run_with_a_global_batch_searches_its_micro_batches_and_exports_the_accumulation(tmp_path) -> None:
+    command = template(tmp_path)
+    options = ["--budget", "4GiB", "--global-batch", "8", "--plans", "none", "--device", "cpu"]
+    options += ["--cache-dir", str(tmp_path), "--steps", "3", "--warmup-steps", "1"]
+    ran = autotune("run", "--json", *options, *command)
+    assert ran.returncode == 0, ran.stderr
+    answer = json.loads(ran.stdout)
+    study = answer["study"]
+    assert (answer["global_batch"], answer["grad_accum"] * answer["batch_size"]) == (8, 8)
+    trials = optuna.load_study(study_name=study, storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
+    measured = {t.params["batch_size"]: t.user_attrs for t in trials if t.user_attrs["kind"] == "measured"}
+    assert set(measured) <= {1, 2, 4, 8}
+    for batch, attrs in measured.items():
+        assert (attrs["grad_accum"], attrs["micro_batches"]) == (8 // batch, 8 // batch)
+    env = autotune("best", "--env", "--study", study, "--cache-dir", str(tmp_path))
+    assert env.returncode == 0, env.stderr
+    exported = dict(line.removeprefix("export ").split("=", 1) for line in env.stdout.splitlines())
+    # The fastest configuration takes the whole global batch in one micro-batch (each costs a fixed 4 ms).
+    assert (exported["AUTOTUNE_BATCH_SIZE"], exported["AUTOTUNE_GRAD_ACCUM"]) == ("8", "1")
+    by_command = ["best", "--json", "--budget", "4GiB", "--device", "cpu", "--cache-dir", str(tmp_path)]
+    found = autotune(*by_command, "--global-batch", "8", *command)
+    assert (found.returncode, json.loads(found.stdout or "{}").get("study")) == (0, study), found.stderr
+    other = autotune(*by_command, "--global-batch", "16", *command)
+    assert other.returncode == 2
+    assert "nothing stored for" in other.stderr and "with --global-batch 16" in other.stderr
