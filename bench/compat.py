@@ -100,11 +100,10 @@ def main() -> None:
                     peaks.setdefault(row.plan, []).append(result.peak_bytes)
                     ratios.setdefault(row.plan, []).append(result.samples_per_sec / base.samples_per_sec)
             none_peak = statistics.median(peaks["none"])
-            print(f"\n{family} (batch {BATCH[family]}): none peaks {format_bytes(none_peak)}")
+            print(f"\n{family} (batch {BATCH[family]}): none peaks {format_bytes(none_peak)}", flush=True)
             for row in listed:
-                offered = (
-                    "yes" if row.plan in searched else f"no: {row.excluded}" if row.excluded else "by name"
-                )
+                why = "predicted to cost memory" if row.excluded.startswith("predicted") else row.excluded
+                offered = "yes" if row.plan in searched else f"no: {why}" if row.excluded else "by name"
                 if row.plan in failures:
                     measured, speed = f"failed ({failures[row.plan]})", "-"
                 else:

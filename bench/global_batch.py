@@ -4,10 +4,12 @@ autotune from `autotune best --env`, its `train_samples_per_second` read from th
 
     .venv/bin/python bench/global_batch.py [--budget 1.2GiB] [--repeats 3] [--steps 24]
 
-The run's answer (samples/s verified over a longer run) is compared with the script's figure; then, to
-separate noise from bias, the winner is measured again by `autotune measure` and run standalone, interleaved
---repeats times, and the per-round ratio printed with its spread. The Trainer's figure includes its first
-(slow) step in its average: --steps keeps that share small.
+The winner is then run standalone --repeats times, each round interleaved with `autotune measure` of the
+same configuration: printed are the run's answer (samples/s verified over a longer run) over the median of
+the script's figures, and the per-round ratio of measure to script with its spread (a load that changes
+between rounds cancels out). The Trainer's figure averages its whole run, setup and first step included:
+--steps keeps that share small. (A single standalone run right after the tuning once read 15.8 samples/s
+against 38.9 for the next three: one reading of a shared machine is not a figure.)
 """
 
 from __future__ import annotations
@@ -74,9 +76,6 @@ def main() -> None:
             f"{env['AUTOTUNE_PLAN']}: {answer['samples_per_sec']:.1f} samples/s "
             f"({answer['samples_per_sec_low']:.1f}-{answer['samples_per_sec_high']:.1f})"
         )
-        own = standalone(env, args.steps)
-        print(f"the script's own train_samples_per_second ({args.steps} steps): {own:.1f}")
-        print(f"autotune / script: {answer['samples_per_sec'] / own:.3f}")
         ratios, measured, scripts = [], [], []
         for _ in range(args.repeats):
             measure = [
@@ -93,9 +92,15 @@ def main() -> None:
             measured.append(speed["samples_per_sec"])
             scripts.append(standalone(env, args.steps))
             ratios.append(measured[-1] / scripts[-1])
+        own = statistics.median(scripts)
         print(
-            f"interleaved x{args.repeats}: autotune measure {statistics.median(measured):.1f} samples/s, the "
-            f"script {statistics.median(scripts):.1f}; ratio median {statistics.median(ratios):.3f} "
+            f"the script's own train_samples_per_second ({args.steps} steps, median of {args.repeats}: "
+            f"{', '.join(f'{s:.1f}' for s in scripts)}): {own:.1f}; autotune's answer / script: "
+            f"{answer['samples_per_sec'] / own:.3f}"
+        )
+        print(
+            f"interleaved x{args.repeats}: autotune measure {statistics.median(measured):.1f} samples/s; "
+            f"measure / script per round: median {statistics.median(ratios):.3f} "
             f"(range {min(ratios):.3f}-{max(ratios):.3f})"
         )
 

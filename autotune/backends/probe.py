@@ -192,6 +192,22 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     return tuple(plans), excluded
 
 
+def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The plans named with ``--plans`` that the search may use, and those whose check against no plan
+    failed, with why.
+
+    Raises:
+        InputError: every named plan failed its check.
+    """
+    checks = {c.plan: c for c in data.checks} if isinstance(data, TorchProbeReport) else {}
+    excluded = {p: checks[p].reason for p in plans if p in checks and not checks[p].ok}
+    kept = tuple(p for p in plans if p not in excluded)
+    if not kept:
+        reasons = "; ".join(f"{plan}: {why}" for plan, why in excluded.items())
+        raise InputError(f"no plan named with --plans keeps the numbers of no plan: {reasons}")
+    return kept, excluded
+
+
 def summary(data: ProbeReport) -> dict[str, int | float | None]:
     """Fixed memory and the activation total."""
     if isinstance(data, OrtProbeReport):
@@ -246,9 +262,12 @@ def _row(
 
 
 def _kept(instance: InstanceStats, ops: OpPolicy | None) -> int:
+    """The output bytes a checkpointed instance caches under ``ops``: every recorded kind the policy saves,
+    ops of no named kind ("other": embeddings, gathers, ...) included, as the policy in the trial decides
+    (autotune.backends.torch_modules._policy; the probe records only the outputs it may cache)."""
     if ops is None:
         return 0
-    return sum(size for kind, size in instance.output_bytes.items() if kind in OP_KINDS and ops.saves(kind))
+    return sum(size for kind, size in instance.output_bytes.items() if ops.saves(kind))
 
 
 def _has_ancestor(name: str, names: set[str]) -> bool:

@@ -36,9 +36,10 @@ TIMED_FORWARD = 3
 
 
 class Probe:
-    def __init__(self, model: nn.Module, batch_size: int) -> None:
+    def __init__(self, model: nn.Module, batch_size: int, check_plans: tuple[str, ...] = ()) -> None:
         self.model = model
         self.batch_size = batch_size
+        self.extra_checks = check_plans  # plans named by the user, checked beside those the probe offers
         self.candidates: list[Candidate] = find_candidates(model)
         self.names = {name for c in self.candidates for name in c.names}
         self.classes = {name: c.cls for c in self.candidates for name in c.names}
@@ -78,7 +79,8 @@ class Probe:
             return
         self.paused, trial.counting = True, False
         try:
-            self.checks = plan_check.check_plans(self.model, self.inputs_seen, plans_to_check(self.result()))
+            plans = dict.fromkeys([*plans_to_check(self.result()), *self.extra_checks])
+            self.checks = plan_check.check_plans(self.model, self.inputs_seen, list(plans))
         finally:
             self.paused, trial.counting = False, True
             self.inputs_seen = None

@@ -61,6 +61,7 @@ class TrialRequest:
     # Micro-batches per optimizer step the trial asks for ({grad_accum}, autotune.grad_accum()), from a
     # global batch or declared with --grad-accum. None: whatever the script does, counted as its forwards.
     grad_accum: int | None = None
+    check_plans: tuple[str, ...] = ()  # a probe: plans to check against no plan beside those it offers
 
     @property
     def total_steps(self) -> int:
@@ -72,7 +73,9 @@ class TrialRequest:
     @classmethod
     def read(cls, path: str | Path) -> TrialRequest:
         data = json.loads(Path(path).read_text())
-        return cls(**{**data, "backend": Backend(data["backend"])})
+        return cls(
+            **{**data, "backend": Backend(data["backend"]), "check_plans": tuple(data.get("check_plans", ()))}
+        )
 
 
 @dataclass(frozen=True)

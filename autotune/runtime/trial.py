@@ -240,7 +240,7 @@ def prepare(model: M) -> M:
             from autotune.backends.torch_probe import Probe
 
             if trial.probe is None:
-                trial.probe = Probe(model, trial.request.batch_size)  # type: ignore[arg-type]
+                trial.probe = Probe(model, trial.request.batch_size, trial.request.check_plans)  # type: ignore[arg-type]
                 trial.plan_applied = "none"
             return model
     applied = apply_plan(model, plan)  # type: ignore[arg-type]

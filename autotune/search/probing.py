@@ -11,14 +11,23 @@ can take:
 - its worker died, it timed out, or it could not be started (reasons outside the script): it is retried
   once, by whichever run or worker comes next;
 - the script failed: the failure is stored, and later runs say so and that ``--force`` runs it again.
+
+Plans named with ``--plans`` that the stored probe did not check against no plan are checked by one more
+instrumented trial (``check_named_plans``), their checks stored with the workload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
-from autotune.backends.probe_report import OrtProbeReport, ProbeReport, probe_report_from_json
+from autotune.backends.probe_report import (
+    OrtProbeReport,
+    ProbeReport,
+    TorchProbeReport,
+    probe_report_from_json,
+)
 from autotune.core.errors import ScriptError
 from autotune.core.protocol import Outcome
 from autotune.leases.watch import LeaseWatch, grace_seconds
@@ -180,3 +189,41 @@ def _store_failure(store: Store, lease: Lease, result: TrialResult) -> None:
     raise ScriptError(
         f"the script's first trial {result.outcome.value} (logs: {result.log_dir}){retry}:\n{result.error}"
     )
+
+
+def check_named_plans(
+    store: Store,
+    workload: Workload,
+    spec: TuneSpec,
+    runner: TrialRunner,
+    reporter: Reporter,
+    probe: ProbeReport | None,
+) -> ProbeReport | None:
+    """The probe report with every plan named in ``spec.plans`` checked against no plan: those the stored
+    probe did not check are checked by one more instrumented trial, and stored with the workload.
+
+    Raises:
+        ScriptError: that trial failed.
+    """
+    if not spec.plans or not isinstance(probe, TorchProbeReport):
+        return probe
+    checked = {c.plan for c in probe.checks}
+    missing = tuple(p for p in spec.plans if p != "none" and p not in checked)
+    if not missing:
+        return probe
+    reporter.note(f"checking {', '.join(missing)} against no plan (one instrumented trial)")
+    result = runner(
+        spec.batch_sizes[0], "none", poll=reporter.trial_progress, probe=True, check_plans=missing
+    )
+    if result.outcome is not Outcome.COMPLETE or not isinstance(result.probe, TorchProbeReport):
+        raise ScriptError(
+            f"the trial that checks the named plans {result.outcome.value} (logs: {result.log_dir}):\n"
+            f"{result.error or ''}"
+        )
+    found = {c.plan: c for c in result.probe.checks if c.plan in missing}
+    merged = dataclasses.replace(probe, checks=(*probe.checks, *(found[p] for p in missing if p in found)))
+    row = store.workload(workload.fingerprint)
+    if row is not None and row.discovery is not None:
+        candidates = [c.__dict__ for c in merged.candidates]
+        store.set_discovery(workload.fingerprint, candidates, {**row.discovery, "probe": merged.to_json()})
+    return merged

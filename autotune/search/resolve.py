@@ -21,7 +21,7 @@ from autotune.leases.watch import grace_seconds
 from autotune.search.loop import Search
 from autotune.search.naming import default_study_name, study_key
 from autotune.search.optuna_trials import records_of
-from autotune.search.probing import discover
+from autotune.search.probing import check_named_plans, discover
 from autotune.search.reporting import Reporter
 from autotune.search.runner import TrialRunner
 from autotune.search.space import SearchSpace, build_space
@@ -120,6 +120,7 @@ def resolve(
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
     check_plans(spec.plans, probe)  # before any measured trial
+    probe = check_named_plans(store, workload, spec, runner, reporter, probe)
     space = build_space(spec.batch_sizes, spec.plans, probe, spec.global_batch, spec.grad_accum)
     for plan, why in space.excluded.items():
         reporter.note(f"plan {plan} left out: {why}")

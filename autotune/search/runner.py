@@ -45,8 +45,10 @@ class TrialRunner:
         probe: bool = False,
         interruptible: Callable[[], AbstractContextManager[None]] | None = None,
         grad_accum: int | None = None,
+        check_plans: tuple[str, ...] = (),
     ) -> TrialResult:
-        """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step)."""
+        """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step); a probe
+        also checks ``check_plans`` against no plan."""
         return run_trial(
             self.command,
             batch,
@@ -63,6 +65,7 @@ class TrialRunner:
             stop=self.stop,
             ceiling=None if probe else self.ceiling,
             grad_accum=grad_accum,
+            check_plans=check_plans,
         )
 
     def check(self) -> None:

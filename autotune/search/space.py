@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.backends import parse_backend_plan
-from autotune.backends.probe import default_plans
+from autotune.backends.probe import default_plans, named_plans
 from autotune.backends.probe_report import ProbeReport
 from autotune.core.batches import micro_batches
 from autotune.core.errors import InputError
@@ -150,6 +150,7 @@ def build_space(
     if global_batch is not None:
         batch_sizes = micro_batch_sizes(global_batch, batch_sizes)
     if plans:
-        return SearchSpace(batch_sizes, plans, {}, global_batch, declared_accum)
+        kept, excluded = named_plans(plans, probe)
+        return SearchSpace(batch_sizes, kept, excluded, global_batch, declared_accum)
     defaults, excluded = default_plans(probe)
     return SearchSpace(batch_sizes, defaults, excluded, global_batch, declared_accum)

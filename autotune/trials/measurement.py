@@ -152,14 +152,16 @@ def run_trial(
     stop: threading.Event | None = None,
     ceiling: int | None = None,
     grad_accum: int | None = None,
+    check_plans: tuple[str, ...] = (),
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
 
     ``ceiling``: bytes; a trial whose sampled peak passes it is stopped at once and ends ``over-budget``.
     ``grad_accum``: micro-batches per optimizer step the trial asks for (None: the script's own, counted).
+    ``check_plans``: a probe also checks these plans against no plan.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     workdir = new_trial_dir(root)
-    request = _request(workdir, batch_size, plan, backend, device, settings, probe, grad_accum)
+    request = _request(workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans)
     request.write(workdir / "request.json")
     launch = Launch(
         argv=tuple(command.argv(batch_size, grad_accum)),
@@ -189,6 +191,7 @@ def _request(
     settings: TrialSettings,
     probe: bool,
     grad_accum: int | None,
+    check_plans: tuple[str, ...] = (),
 ) -> TrialRequest:
     return TrialRequest(
         batch_size=batch_size,
@@ -201,6 +204,7 @@ def _request(
         progress_path=str(workdir / "progress.json"),
         probe=probe,
         grad_accum=grad_accum,
+        check_plans=check_plans,
     )
 
 

@@ -77,6 +77,21 @@ def test_a_container_of_blocks_is_not_a_block() -> None:
     assert found == [("Sequential", 6, True)]  # the six blocks, neither the stage holding them nor the root
 
 
+def test_a_ddp_model_counts_its_blocks_once(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)) for _ in range(6))
+        )
+        found = [(c.cls, c.count, c.outermost) for c in find_candidates(DistributedDataParallel(blocks))]
+    finally:
+        dist.destroy_process_group()
+    assert found == [("Sequential", 6, True)]
+
+
 def test_plan_applied_leaves_the_model_as_it_was() -> None:
     model = normed_model()
     with plan_applied(model, parse_plan("Normed:1/save=matmul")) as applied:
@@ -165,7 +180,7 @@ def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp
         "checked against no plan (one step on the probe's batch): 1 of 3 plan(s)" in probe.stdout
     )  # Block:1 only
     run = subprocess.run(
-        [AUTOTUNE, "run", "--budget", "4GiB", "--trials", "3", "--steps", "2", *common, str(script)],
+        [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", "--steps", "2", *common, str(script)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -173,3 +188,28 @@ def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp
     assert run.returncode == 0, run.stderr
     assert "plan Counting:1 left out: changes the numbers" in run.stderr
     assert "Counting:1" not in "".join(line for line in run.stderr.splitlines() if line.startswith("trial"))
+    named = subprocess.run(
+        [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", "--steps", "2", "--plans",
+         "none;Counting:0.5;Block:1", *common, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    assert "checking Counting:0.5 against no plan (one instrumented trial)" in named.stderr
+    assert "plan Counting:0.5 left out: changes the numbers" in named.stderr
+    alone = subprocess.run(
+        [AUTOTUNE, "run", "--budget", "4GiB", "--plans", "Counting:0.5", *common, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert alone.returncode == 2
+    assert "checking" not in alone.stderr  # its check is stored with the workload
+    assert (
+        alone.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "Error: no plan named with --plans keeps the numbers of no plan: Counting:0.5: changes the numbers"
+        )
+    )
