@@ -15,6 +15,15 @@ from autotune.trials.interrupts import InterruptShield, TrialInterrupted
 from autotune.trials.launcher import Launch, run_process
 
 
+@pytest.fixture(autouse=True)
+def python_s_own_ctrl_c_handler():
+    """Python's own SIGINT handler, whatever this process inherited: a shell starts background jobs (CI
+    under nohup, say) with SIGINT ignored, and Python then keeps it ignored."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
 def sigint() -> None:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.05)  # let the interpreter run the handler
