@@ -142,7 +142,13 @@ def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) 
     """Two runs of one study at once (the same code path as two workers): every configuration is
     measured once, and both report the same verified winner."""
     first = tuner(tmp_path, "shared", trials=8, storage=storage)
-    wait_for(lambda: any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "shared", storage)))
+    wait_for(
+        lambda: (
+            first.poll() is not None
+            or any(t.state == TrialState.RUNNING for t in trials_of(tmp_path, "shared", storage))
+        )
+    )
+    assert first.poll() is None, first.communicate()  # it ended before its first trial: say why
     second = tuner(tmp_path, "shared", trials=8, storage=storage)
     outputs = [p.communicate(timeout=300) for p in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outputs
