@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-scale test-compat lint clean postgres-server
+.PHONY: venv demo test test-scale test-ranks test-compat lint clean postgres-server
 
 # The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
 # torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
@@ -40,7 +40,11 @@ postgres-server:
 # exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2
 test: $(STAMP) postgres-server
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale and not compat" $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale and not compat and not ranks" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+test-ranks: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m ranks $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 test-compat: $(STAMP)

@@ -193,6 +193,7 @@ def work(
     *,
     storage: str | None = None,
     devices: str = "auto",
+    gpus_per_trial: int = 1,
     once: bool = False,
     studies: Sequence[str] = (),
     cache_dir: Path | None = None,
@@ -204,6 +205,8 @@ def work(
 
     Args:
         devices: ``auto`` (every GPU, else the CPU), ``cpu``, or GPU indices ``0,1``.
+        gpus_per_trial: the devices in groups of this many, one trial at a time on each group (jobs that
+            ask for another number are refused here).
         studies: only these jobs. ``say``: receives the worker's lines (default: none).
 
     Returns:
@@ -214,11 +217,13 @@ def work(
     """
     from autotune.core.paths import cache_dir as default_cache_dir
     from autotune.core.paths import default_storage_url
+    from autotune.hardware.devices import device_groups
     from autotune.workers.worker import Worker, parse_devices
 
     env = dict(os.environ if environ is None else environ)
     url = storage or default_storage_url(default_cache_dir(cache_dir))
-    worker = Worker(url, parse_devices(devices, env), cache_dir, env, once, tuple(studies) or None, say)
+    groups = device_groups(parse_devices(devices, env), gpus_per_trial)
+    worker = Worker(url, groups, cache_dir, env, once, tuple(studies) or None, say)
     return worker.run()
 
 

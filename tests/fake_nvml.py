@@ -62,23 +62,35 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
         return handle.name
 
-    def _declared(self, handle: FakeGpu) -> tuple[int | None, int]:
-        """What the trial process declared; nothing once it has exited (a real GPU frees its memory)."""
+    def _declared(self, handle: FakeGpu) -> dict[int, int]:
+        """What the trial processes declared, one ``<pid> <bytes>`` line each (processes sharing the device);
+        nothing of one that has exited (a real GPU frees its memory)."""
+        found = {}
         try:
-            pid, used = handle.usage_file.read_text().split()  # type: ignore[union-attr]
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (AttributeError, OSError, ValueError):
-            return None, 0
-        return (int(pid), int(used)) if state != "Z" else (None, 0)
+            lines = handle.usage_file.read_text().splitlines()  # type: ignore[union-attr]
+        except (AttributeError, OSError):
+            return {}
+        for line in lines:
+            try:
+                pid, used = line.split()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, ValueError):
+                continue
+            if state != "Z":
+                found[int(pid)] = int(used)
+        return found
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> SimpleNamespace:
         self.calls += 1
-        used = handle.idle_used + self._declared(handle)[1]
+        used = handle.idle_used + sum(self._declared(handle).values())
         return SimpleNamespace(total=handle.total, used=used, free=handle.total - used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:
-        pid, used = self._declared(handle)
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used)] if pid is not None and used else []
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=used)
+            for pid, used in self._declared(handle).items()
+            if used
+        ]
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return "999.99 (FAKE)"

@@ -200,7 +200,17 @@ def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple
         InputError: every named plan failed its check.
     """
     checks = {c.plan: c for c in data.checks} if isinstance(data, TorchProbeReport) else {}
-    excluded = {p: checks[p].reason for p in plans if p in checks and not checks[p].ok}
+    excluded = {}
+    for plan in plans if checks else ():  # a per-rank plan stands or falls with its entries
+        failed = [
+            checks[e] for e in (str(x) for x in parse_plan(plan).entries) if e in checks and not checks[e].ok
+        ]
+        if failed:
+            excluded[plan] = (
+                failed[0].reason
+                if len(parse_plan(plan).entries) == 1
+                else f"{failed[0].plan}: {failed[0].reason}"
+            )
     kept = tuple(p for p in plans if p not in excluded)
     if not kept:
         reasons = "; ".join(f"{plan}: {why}" for plan, why in excluded.items())
@@ -231,7 +241,7 @@ def check_plans(plans: tuple[str, ...] | None, data: ProbeReport | None) -> None
         return  # nothing to check against: ORT plans, or a script that trained no torch module
     known = {c.cls: c.count for c in data.candidates}
     for plan in plans:
-        for rule in parse_plan(plan).rules:
+        for rule in (r for entry in parse_plan(plan).entries for r in entry.rules):
             if rule.cls not in known:
                 listed = (
                     ", ".join(f"{cls} x{count}" for cls, count in known.items())

@@ -64,13 +64,39 @@ def find_candidates(model: nn.Module) -> list[Candidate]:
             continue
         if next(module.children(), None) is None:  # a leaf: checkpointing it alone saves nothing
             continue
-        instances.setdefault(type(module).__name__, []).append(name)
+        if type(module).__name__ in WRAPPERS:  # DDP, FSDP: the blocks are found inside them
+            continue
+        instances.setdefault(class_name(module), []).append(name)
     repeated = {cls: names for cls, names in instances.items() if len(names) >= 2}
     all_names = {name for names in repeated.values() for name in names}
     return [
         Candidate(cls, tuple(names), outermost=any(not _has_ancestor(n, all_names) for n in names))
         for cls, names in repeated.items()
     ]
+
+
+# Modules that wrap a model or a block without being one: the repeated blocks are found through them.
+WRAPPERS = frozenset(
+    {
+        "DistributedDataParallel",
+        "FullyShardedDataParallel",  # FSDP1, one wrapper per wrapped block
+        "CheckpointWrapper",
+        "OffloadWrapper",
+        "OptimizedModule",  # torch.compile(model)
+    }
+)
+
+
+def class_name(module: nn.Module) -> str:
+    """The name a plan uses for ``module``'s class. FSDP2's ``fully_shard`` swaps a module's class for a
+    subclass named ``FSDP<Class>`` (with FSDPModule); a plan names the class the model defined."""
+    for cls in type(module).__mro__:
+        if cls.__name__ == "FSDPModule" or (
+            cls.__name__.startswith("FSDP") and any(b.__name__ == "FSDPModule" for b in cls.__bases__)
+        ):
+            continue
+        return cls.__name__
+    return type(module).__name__
 
 
 def _holds_blocks(module: nn.Module) -> bool:

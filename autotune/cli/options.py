@@ -55,6 +55,14 @@ GRAD_ACCUM = click.option(
     help="The script accumulates this many micro-batches per optimizer step on its own (default: counted "
     "from its forwards); samples/s counts them all.",
 )
+GPUS_PER_TRIAL = click.option(
+    "--gpus-per-trial",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="GPUs each trial runs on (a torchrun job's ranks, --nproc-per-node); each rank is measured on its "
+    "own device and the budget holds per device.",
+)
 AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
@@ -76,7 +84,8 @@ DEVICE = click.option(
     "--device",
     default="auto",
     show_default=True,
-    help="auto (run: every visible GPU, one trial at a time each; else the CPU), cpu, cuda or cuda:N.",
+    help="auto (run: every visible GPU, one trial at a time each; else the CPU), cpu, cuda, cuda:N, or "
+    "cuda:N+M (one trial on both).",
 )
 TIMEOUT = click.option(
     "--timeout",
@@ -125,8 +134,10 @@ def search_options(command: F) -> F:
             click.option(
                 "--plans",
                 multiple=True,
-                help="Plans to search, ';'-separated or repeated (default: from the model).",
+                help="Plans to search, ';'-separated or repeated (default: from the model). A plan per "
+                "rank of a torchrun job: one entry per rank, '|'-separated (Block:1|none).",
             ),
+            GPUS_PER_TRIAL,
             click.option(
                 "--headroom",
                 default=f"{DEFAULT_HEADROOM:.0%}",

@@ -36,9 +36,26 @@ def measured(result: TrialResult) -> str:
         ("plan", result.plan),
         ("peak memory", f"{format_bytes(result.peak_bytes)} ({result.memory_method})"),
     ]
+    if result.ranks:
+        worst = max(result.ranks, key=lambda r: r.peak_bytes)
+        rows[-1] = (
+            "peak memory",
+            f"{format_bytes(result.peak_bytes)} (rank {worst.rank}, the worst of "
+            f"{result.world_size or len(result.ranks)}; {result.memory_method})",
+        )
+        rows += [
+            (
+                f"  rank {r.rank}",
+                f"{format_bytes(r.peak_bytes)} on {r.device}"
+                + (f", {r.outcome.value}" if r.outcome not in (None, Outcome.COMPLETE) else "")
+                + ("" if r.outcome is not None else ", stopped"),
+            )
+            for r in result.ranks
+        ]
     if result.samples_per_sec is not None:
         times = sorted(result.step_seconds)
-        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s"))
+        every = f" (every rank's samples, {result.world_size} ranks)" if (result.world_size or 1) > 1 else ""
+        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s{every}"))
         rows.append(
             (
                 "step time",

@@ -12,7 +12,7 @@ import click
 
 from autotune import api
 from autotune.cli.main import cli, quiet_optuna
-from autotune.cli.options import cache_dir_option, search_options, settings_of, storage_option
+from autotune.cli.options import GPUS_PER_TRIAL, cache_dir_option, search_options, settings_of, storage_option
 
 
 def _tune_spec(options: dict[str, Any]) -> Any:
@@ -37,6 +37,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         exhaustive=options["exhaustive"],
         global_batch=options["global_batch"],
         grad_accum=options["grad_accum"],
+        gpus_per_trial=options["gpus_per_trial"],
     )
 
 
@@ -84,11 +85,17 @@ def submit(**options: Any) -> None:
     show_default=True,
     help="Devices to run trials on, one at a time each: auto (every GPU, else the CPU), cpu, or 0,1,...",
 )
+@GPUS_PER_TRIAL
 @click.option("--once", is_flag=True, help="Exit when no open job is left (for batch schedulers and tests).")
 @click.option("--study", "studies_", multiple=True, help="Only work on these jobs.")
 @cache_dir_option("Trial logs and the default database.")
 def worker(
-    storage: str | None, devices: str, once: bool, studies_: tuple[str, ...], cache_dir: Path | None
+    storage: str | None,
+    devices: str,
+    gpus_per_trial: int,
+    once: bool,
+    studies_: tuple[str, ...],
+    cache_dir: Path | None,
 ) -> None:
     """Run the trials of the database's open jobs until stopped (SIGTERM/SIGINT: running trials are
     stopped and released, nothing is left running). Several workers, on any hosts, share the jobs."""
@@ -96,6 +103,7 @@ def worker(
     summary = api.work(
         storage=storage,
         devices=devices,
+        gpus_per_trial=gpus_per_trial,
         once=once,
         studies=studies_,
         cache_dir=cache_dir,

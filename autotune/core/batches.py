@@ -1,5 +1,5 @@
 """A fixed global batch: the micro-batches that divide it, each accumulated ``global / micro`` times per
-optimizer step (DeepSpeed's train_batch = micro x accumulation; the world size joins once trials span ranks).
+optimizer step by each of the trial's ranks (DeepSpeed's train_batch = micro x accumulation x world size).
 """
 
 from __future__ import annotations
@@ -22,12 +22,27 @@ def micro_batches(global_batch: int) -> tuple[int, ...]:
     return tuple(b for b in range(1, global_batch + 1) if global_batch % b == 0)
 
 
-def grad_accum_for(global_batch: int, batch_size: int) -> int:
-    """The accumulation of ``batch_size`` in ``global_batch``.
+def per_rank(global_batch: int, world_size: int) -> int:
+    """Each rank's share of ``global_batch`` (DeepSpeed's train_batch = micro x accumulation x world).
 
     Raises:
-        InputError: ``batch_size`` does not divide ``global_batch``.
+        InputError: the ranks cannot share it evenly.
     """
+    if global_batch % world_size:
+        raise InputError(
+            f"--global-batch {global_batch} cannot be shared by the trial's {world_size} ranks: give a multiple "
+            f"of {world_size}"
+        )
+    return global_batch // world_size
+
+
+def grad_accum_for(global_batch: int, batch_size: int, world_size: int = 1) -> int:
+    """The accumulation of ``batch_size`` in ``global_batch`` trained by ``world_size`` ranks.
+
+    Raises:
+        InputError: the ranks' share is not whole, or ``batch_size`` does not divide it.
+    """
+    global_batch = per_rank(global_batch, world_size)
     if global_batch % batch_size:
         raise InputError(
             f"batch size {batch_size} does not divide --global-batch {global_batch}: its micro-batches "

@@ -15,6 +15,10 @@ can name stored trials::
 
     Block:1/save=conv        the same for a convolutional block: keep convolution outputs, recompute norms
                              and activations
+    Block:1|Block:0.5|none   a plan per rank of a multi-process job, in rank order: rank 0 checkpoints every
+                             Block, rank 1 half of them, rank 2 nothing (a pipeline's first stages keep
+                             more activations than its last). ``autotune.prepare`` applies the entry of
+                             the rank it runs in (``$RANK``); a job with more ranks than entries is refused
 
 Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.core.enums import TextEnum
@@ -106,6 +111,37 @@ class Plan:
 
     rules: tuple[ModuleRule, ...] = ()
     everything: bool = False
+    ranks: tuple[Plan, ...] = ()  # a plan per rank (rank order); rules and everything unset then
+
+    @classmethod
+    def per_rank(cls, plans: Sequence[Plan]) -> Plan:
+        """One plan per rank; equal entries collapse to that one plan (``A|A`` is ``A``)."""
+        plans = tuple(plans)
+        if any(p.ranks for p in plans):
+            raise InputError("a per-rank plan's entries cannot be per-rank plans themselves")
+        if len(set(plans)) <= 1:
+            return plans[0] if plans else cls()
+        return cls(ranks=plans)
+
+    @property
+    def entries(self) -> tuple[Plan, ...]:
+        """The plans its ranks apply: one per rank, or itself."""
+        return self.ranks or (self,)
+
+    def for_rank(self, rank: int | None) -> Plan:
+        """The plan rank ``rank`` applies (every rank's, for a plan that is not per rank).
+
+        Raises:
+            InputError: a per-rank plan with fewer entries than ``rank + 1``.
+        """
+        if not self.ranks:
+            return self
+        if rank is None or not 0 <= rank < len(self.ranks):
+            raise InputError(
+                f"plan {self} gives {len(self.ranks)} ranks a plan each, but it is applied in "
+                + ("a process that is no rank ($RANK unset)" if rank is None else f"rank {rank}")
+            )
+        return self.ranks[rank]
 
     @classmethod
     def none(cls) -> Plan:
@@ -117,9 +153,11 @@ class Plan:
 
     @property
     def is_none(self) -> bool:
-        return not self.rules and not self.everything
+        return not self.rules and not self.everything and all(p.is_none for p in self.ranks)
 
     def __str__(self) -> str:
+        if self.ranks:
+            return "|".join(str(p) for p in self.ranks)
         if self.everything:
             return "all"
         if not self.rules:
@@ -134,6 +172,13 @@ def parse_plan(text: str) -> Plan:
         InputError: one line naming the bad part and the grammar.
     """
     spec = text.strip()
+    if "|" in spec:
+        entries = spec.split("|")
+        if any(not e.strip() for e in entries):
+            raise InputError(
+                f"invalid plan {text!r}: a per-rank plan needs a plan for every rank (none included)"
+            )
+        return Plan.per_rank([parse_plan(e) for e in entries])
     if spec.lower() in ("none", ""):
         return Plan.none()
     if spec.lower() == "all":
@@ -172,6 +217,11 @@ def recomputes_at_least(plan: Plan, other: Plan) -> bool:
     classes it names is known to the probe, not to the plan)."""
     if other.is_none:
         return True
+    if plan.ranks or other.ranks:  # rank by rank; a plan that is not per rank stands for every rank
+        if plan.ranks and other.ranks and len(plan.ranks) != len(other.ranks):
+            return False
+        count = max(len(plan.ranks), len(other.ranks))
+        return all(recomputes_at_least(plan.for_rank(r), other.for_rank(r)) for r in range(count))
     if plan.everything or other.everything:
         return plan == other
     for rule in other.rules:

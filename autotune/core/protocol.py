@@ -23,6 +23,11 @@ PLAN_ENV = "AUTOTUNE_PLAN"
 GRAD_ACCUM_ENV = "AUTOTUNE_GRAD_ACCUM"  # micro-batches per optimizer step (autotune.grad_accum())
 BACKEND_ENV = "AUTOTUNE_BACKEND"  # outside a trial: the backend prepare() applies AUTOTUNE_PLAN with
 
+# What torchrun (and torch.distributed.launch, Lightning, Accelerate) tell each rank of a multi-process job.
+RANK_ENV = "RANK"
+LOCAL_RANK_ENV = "LOCAL_RANK"
+WORLD_SIZE_ENV = "WORLD_SIZE"
+
 EXIT_COMPLETE = 0  # warm-up + measured steps done, report written
 EXIT_OOM = 75  # CUDA out of memory, or the CPU allocator refused
 EXIT_FAILED = 76  # the script raised, or ended before its steps were done
@@ -93,6 +98,8 @@ class TrialReport:
     candidates: list[dict[str, Any]] | None = None  # the model's repeated module classes, once prepared
     probe: dict[str, Any] | None = None  # the probe's measurements, in a probe trial
     micro_batches: int | None = None  # forwards counted in the last optimizer step (None: none counted)
+    rank: int | None = None  # the rank that wrote it, in a multi-process job ($RANK)
+    world_size: int | None = None  # the job's ranks, as that rank was told ($WORLD_SIZE)
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)
@@ -108,16 +115,106 @@ class TrialReport:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class RankIdentity:
+    """Which rank of a multi-process job a trial process is, from the launcher's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+
+    @classmethod
+    def from_environ(cls, environ: Any = None) -> RankIdentity | None:
+        """The rank this process is (None when ``$RANK`` is unset or not a number: no multi-process job)."""
+        env = os.environ if environ is None else environ
+        rank = env.get(RANK_ENV, "")
+        if not rank.isdigit():
+            return None
+        local = env.get(LOCAL_RANK_ENV, "")
+        world = env.get(WORLD_SIZE_ENV, "")
+        return cls(
+            rank=int(rank),
+            local_rank=int(local) if local.isdigit() else int(rank),
+            world_size=int(world) if world.isdigit() else int(rank) + 1,
+            pid=os.getpid(),
+        )
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """One rank of a multi-process trial: its device, its peak, and how it ended (None: stopped by autotune
+    because another rank ended the trial, or it left no report)."""
+
+    rank: int
+    device: str
+    peak_bytes: int
+    outcome: Outcome | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "outcome": self.outcome.value if self.outcome else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankResult:
+        outcome = data.get("outcome")
+        return cls(
+            int(data["rank"]),
+            str(data["device"]),
+            int(data["peak_bytes"]),
+            Outcome(outcome) if outcome else None,
+        )
+
+
+def rank_path(path: str | Path, rank: int | None) -> Path:
+    """Where rank ``rank`` writes what a single-process trial writes to ``path``: ``report.json`` ->
+    ``report.rank-1.json`` (``path`` itself for a process that is no rank)."""
+    path = Path(path)
+    return path if rank is None else path.with_name(f"{path.stem}.rank-{rank}{path.suffix}")
+
+
+def rank_files(path: str | Path) -> dict[int, Path]:
+    """The per-rank files of ``path`` that exist, by rank."""
+    path = Path(path)
+    found = {}
+    for candidate in path.parent.glob(f"{path.stem}.rank-*{path.suffix}"):
+        number = candidate.name[len(path.stem) + len(".rank-") : len(candidate.name) - len(path.suffix)]
+        if number.isdigit():
+            found[int(number)] = candidate
+    return dict(sorted(found.items()))
+
+
 def read_progress(path: str | Path) -> int:
-    """Steps the child has finished so far (0 before the first, or if the file is unreadable)."""
+    """Steps the child has finished so far (0 before the first, or if the file is unreadable). In a
+    multi-process job, the steps of its slowest rank (each rank writes its own file from its start on)."""
+    ranks = rank_files(path)
+    if ranks:
+        return min(_steps(p) for p in ranks.values())
+    return _steps(path)
+
+
+def read_rank_identities(path: str | Path) -> dict[int, RankIdentity]:
+    """The ranks that have started, by rank, from their progress files."""
+    found = {}
+    for rank, file in rank_files(path).items():
+        try:
+            data = json.loads(file.read_text())
+            found[rank] = RankIdentity(
+                rank, int(data["local_rank"]), int(data["world_size"]), int(data["pid"])
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def _steps(path: str | Path) -> int:
     try:
         return int(json.loads(Path(path).read_text())["steps"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 
 
-def write_progress(path: str | Path, steps: int) -> None:
-    _write_json_atomic(Path(path), {"steps": steps})
+def write_progress(path: str | Path, steps: int, rank: RankIdentity | None = None) -> None:
+    _write_json_atomic(Path(path), {"steps": steps, **(asdict(rank) if rank is not None else {})})
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:

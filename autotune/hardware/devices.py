@@ -1,4 +1,6 @@
-"""Which device a trial is measured on: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+"""Which device a trial is measured on: ``cpu``, ``cuda``, ``cuda:N``, ``auto``, or for a multi-GPU trial
+(``--gpus-per-trial``) a group ``cuda:N+M+…``: the trial is given those GPUs in that order, and each is
+measured on its own.
 
 ``cuda:N`` counts the devices in ``CUDA_VISIBLE_DEVICES`` when it is set (entries may be indices, GPU
 UUIDs or MIG UUIDs, as CUDA accepts them), else NVML's indices (PCI bus order, as nvidia-smi numbers
@@ -17,7 +19,7 @@ from typing import Any
 from autotune.core.errors import DeviceError, InputError
 from autotune.hardware.nvml import load_nvml
 
-_SPEC = re.compile(r"auto|cpu|cuda(?::(\d+))?", re.ASCII)
+_SPEC = re.compile(r"auto|cpu|cuda(?::(\d+(?:\+\d+)*))?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -31,13 +33,41 @@ class Device:
     uuid: str | None = None
     handle: Any = None  # NVML handle (cuda only)
     driver: str | None = None  # NVIDIA driver version (cuda only): part of a workload's fingerprint
+    group: tuple[Device, ...] = ()  # a multi-GPU trial's devices, in order (this one is the first)
+
+    @classmethod
+    def of_group(cls, devices: tuple[Device, ...]) -> Device:
+        """One trial's devices as one Device: the first's identity, the smallest memory (the budget is per
+        device), every device pinned in order."""
+        if len(devices) == 1:
+            return devices[0]
+        first = devices[0]
+        return cls(
+            kind=first.kind,
+            name=first.name,
+            total_bytes=min(d.total_bytes for d in devices),
+            index=first.index,
+            uuid=first.uuid,
+            handle=first.handle,
+            driver=first.driver,
+            group=devices,
+        )
+
+    @property
+    def members(self) -> tuple[Device, ...]:
+        """The devices a trial on this Device is given: the group's, or this one."""
+        return self.group or (self,)
 
     def __str__(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+        if self.kind == "cpu":
+            return "cpu"
+        return "cuda:" + "+".join(str(d.index) for d in self.members)
 
     def child_env(self) -> dict[str, str]:
-        """Environment that pins a trial to this device (and keeps a CPU trial off every GPU)."""
-        return {"CUDA_VISIBLE_DEVICES": self.uuid if self.kind == "cuda" and self.uuid else ""}
+        """Environment that pins a trial to its devices, in order (and keeps a CPU trial off every GPU)."""
+        if self.kind != "cuda":
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(d.uuid for d in self.members if d.uuid)}
 
 
 def resolve_device(
@@ -54,7 +84,9 @@ def resolve_device(
     spec = spec.strip().lower()
     match = _SPEC.fullmatch(spec)
     if match is None:
-        raise InputError(f"invalid device {spec!r}: expected auto, cpu, cuda or cuda:N")
+        raise InputError(
+            f"invalid device {spec!r}: expected auto, cpu, cuda, cuda:N or cuda:N+M (a trial on several GPUs)"
+        )
     if spec == "cpu":
         return cpu_device()
     if spec == "auto":
@@ -65,7 +97,69 @@ def resolve_device(
         if nvml.nvmlDeviceGetCount() == 0:
             return cpu_device()
         return _cuda_device(nvml, 0, environ)
-    return _cuda_device(nvml_loader(), int(match[1] or 0), environ)
+    indices = [int(i) for i in (match[1] or "0").split("+")]
+    if len(set(indices)) != len(indices):
+        raise InputError(f"invalid device {spec!r}: a GPU named twice")
+    nvml = nvml_loader()
+    return Device.of_group(tuple(_cuda_device(nvml, i, environ) for i in indices))
+
+
+def resolve_trial_device(
+    spec: str, per_trial: int, environ: Mapping[str, str], nvml_loader: Callable[[], Any] = load_nvml
+) -> Device:
+    """The device (group) one trial of a job with ``per_trial`` GPUs runs on: ``auto`` or ``cuda`` -> the first
+    ``per_trial`` GPUs, ``cuda:K`` -> ``per_trial`` GPUs from K on, ``cuda:K+L`` as given.
+
+    Raises:
+        InputError: a CPU device, or a group of another size. DeviceError: too few GPUs.
+    """
+    if per_trial < 1:
+        raise InputError(f"--gpus-per-trial must be a positive integer, got {per_trial}")
+    if per_trial == 1:
+        return resolve_device(spec, environ, nvml_loader)
+    text = spec.strip().lower()
+    if text == "cpu":
+        raise InputError(f"--gpus-per-trial {per_trial} needs GPUs, and --device is cpu")
+    if text in ("auto", "cuda"):
+        count = gpu_count(environ, nvml_loader)
+        if count < per_trial:
+            raise DeviceError(f"--gpus-per-trial {per_trial}: this machine shows {count} GPU(s)")
+        text = "cuda:" + "+".join(str(i) for i in range(per_trial))
+    elif text.startswith("cuda:") and "+" not in text and text[5:].isdigit():
+        first = int(text[5:])
+        text = "cuda:" + "+".join(str(first + i) for i in range(per_trial))
+    device = resolve_device(text, environ, nvml_loader)
+    if len(device.members) != per_trial:
+        raise InputError(
+            f"--device {spec} names {len(device.members)} GPU(s), but --gpus-per-trial is {per_trial}"
+        )
+    return device
+
+
+def device_groups(devices: list[str], per_trial: int) -> list[str]:
+    """``--gpus-per-trial``: ``devices`` (``cuda:N`` each) in consecutive groups of ``per_trial``
+    (``cuda:0+1``), one trial at a time on each group.
+
+    Raises:
+        InputError: ``per_trial`` is not positive, the devices are not GPUs, or they do not divide evenly.
+    """
+    if per_trial < 1:
+        raise InputError(f"--gpus-per-trial must be a positive integer, got {per_trial}")
+    if per_trial == 1:
+        return list(devices)
+    if any(not d.startswith("cuda:") for d in devices):
+        raise InputError(
+            f"--gpus-per-trial {per_trial} needs GPUs; the devices here are {', '.join(devices)}"
+        )
+    if len(devices) % per_trial:
+        raise InputError(
+            f"--gpus-per-trial {per_trial} does not divide the {len(devices)} GPU(s) {', '.join(devices)} "
+            "into whole trials"
+        )
+    return [
+        "cuda:" + "+".join(d.split(":", 1)[1] for d in devices[i : i + per_trial])
+        for i in range(0, len(devices), per_trial)
+    ]
 
 
 def gpu_count(environ: Mapping[str, str], nvml_loader: Callable[[], Any] = load_nvml) -> int:

@@ -11,6 +11,14 @@ passes the shim's descendants: the meters know nothing of how a trial is started
   side of a budget. (20 Hz keeps the meter under 1% of a core: bench/measurement.py.)
 - :class:`NvmlMeter` (GPU): what nvidia-smi shows for the device (CUDA context, allocator cache and
   fragmentation included), sampled at 100 Hz, minus what the device used before the trial started.
+
+A multi-process trial (torchrun) is measured rank by rank: ``ranks()`` maps the pid of each rank that has
+started to its identity. On the CPU a rank's peak is its own process tree's (the rank and its DataLoader
+workers; the launcher belongs to no rank), the largest sum sampled and never less than the rank's own
+high-water mark (``VmHWM``). On GPUs it is the peak of the rank's device: every device of the trial is
+sampled, and a rank is on the device NVML lists its pid on (before NVML has listed it: the device of its
+local rank, in the order the trial was given its devices); ranks sharing a device share its peak. The
+trial's peak is its worst rank's: the budget is per device.
 """
 
 from __future__ import annotations
@@ -18,13 +26,24 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from autotune.core.protocol import RankIdentity
 from autotune.hardware.devices import Device
 
 Processes = Callable[[], Iterable[int]]  # the trial's process ids, now
+Ranks = Callable[[], Mapping[int, RankIdentity]]  # the pids of the trial's ranks that have started, now
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """One rank's measured peak: its own processes' on the CPU, its device's on a GPU."""
+
+    rank: int
+    device: str
+    peak_bytes: int
 
 
 @dataclass(frozen=True)
@@ -36,6 +55,7 @@ class MemoryReading:
     samples: int
     processes: int  # the most trial processes seen at once
     note: str | None = None
+    ranks: tuple[RankPeak, ...] = ()  # a multi-process trial's ranks (peak_bytes is the largest of them)
 
 
 class MemoryMeter(Protocol):
@@ -44,7 +64,7 @@ class MemoryMeter(Protocol):
 
     over: threading.Event
 
-    def start(self, processes: Processes, ceiling: int | None = None) -> None: ...
+    def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None: ...
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
 
@@ -56,7 +76,7 @@ def make_meter(device: Device, nvml: Any = None) -> MemoryMeter:
             from autotune.hardware.nvml import load_nvml
 
             nvml = load_nvml()
-        return NvmlMeter(nvml, device.handle)
+        return NvmlMeter(nvml, [d.handle for d in device.members], [str(d) for d in device.members])
     return RssMeter()
 
 
@@ -107,30 +127,56 @@ class RssMeter(_Sampler):
         super().__init__(interval)
         self._page = os.sysconf("SC_PAGE_SIZE")
         self._pids: Processes = tuple
+        self._ranks: Ranks | None = None
         self._peak = 0
         self._processes = 0
+        self._rank_peaks: dict[int, int] = {}
 
-    def start(self, processes: Processes, ceiling: int | None = None) -> None:
-        self._pids, self._peak, self._processes = processes, 0, 0
+    def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None:
+        """``ranks``: a multi-process trial (torchrun); its ceiling is then a rank's, its launcher no rank."""
+        self._pids, self._ranks, self._peak, self._processes, self._rank_peaks = processes, ranks, 0, 0, {}
         self.start_sampling(ceiling)
 
     def sampled_peak(self) -> int:
+        if self._ranks is not None:  # the launcher's own memory is no rank's
+            return max(self._rank_peaks.values(), default=0)
         return self._peak
 
     def sample(self) -> None:
-        total, count = 0, 0
+        sizes: dict[int, int] = {}
         for pid in self._pids():
             try:
                 with open(f"/proc/{pid}/statm") as f:
-                    total += int(f.read().split()[1]) * self._page
-                count += 1
+                    sizes[pid] = int(f.read().split()[1]) * self._page
             except (OSError, IndexError, ValueError):
                 continue  # exited between listing and reading
-        self._peak = max(self._peak, total)
-        self._processes = max(self._processes, count)
+        self._peak = max(self._peak, sum(sizes.values()))
+        self._processes = max(self._processes, len(sizes))
+        ranks = self._ranks() if self._ranks is not None else {}
+        if ranks:
+            self._sample_ranks(sizes, {pid: identity.rank for pid, identity in ranks.items()})
+
+    def _sample_ranks(self, sizes: dict[int, int], rank_of: dict[int, int]) -> None:
+        """Each rank's tree: its process and every descendant that no other rank owns."""
+        totals = dict.fromkeys(rank_of.values(), 0)
+        parents = {pid: _parent(pid) for pid in sizes if pid not in rank_of}
+        for pid, size in sizes.items():
+            owner, seen = pid, 0
+            while owner not in rank_of and owner in parents and seen < 64:
+                owner, seen = parents[owner], seen + 1
+            if owner in rank_of:
+                totals[rank_of[owner]] += size
+        for pid, rank in rank_of.items():
+            totals[rank] = max(totals[rank], _high_water(pid))
+            self._rank_peaks[rank] = max(self._rank_peaks.get(rank, 0), totals[rank])
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading:
         self.stop_sampling()
+        if self._rank_peaks:
+            ranks = tuple(RankPeak(rank, "cpu", peak) for rank, peak in sorted(self._rank_peaks.items()))
+            return MemoryReading(
+                max(r.peak_bytes for r in ranks), "rss-rank", self.samples, self._processes, ranks=ranks
+            )
         if self._processes > 1:
             return MemoryReading(
                 max(self._peak, main_maxrss_bytes), "rss-tree", self.samples, self._processes
@@ -138,8 +184,29 @@ class RssMeter(_Sampler):
         return MemoryReading(main_maxrss_bytes, "rss", self.samples, max(self._processes, 1))
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _high_water(pid: int) -> int:
+    """The process's own peak resident memory (``VmHWM``; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
 class NvmlMeter(_Sampler):
-    """GPU memory of a trial: the device's used memory (NVML v2 struct) above its level before the trial."""
+    """GPU memory of a trial: each of its devices' used memory (NVML v2 struct) above its level before the
+    trial; the trial's peak is its most loaded device's."""
 
     PROCESS_EVERY = 25  # the process list costs ~4.5 ms a call: attribute at 4 Hz, not 100 Hz
     # After a trial (a killed one above all) the driver may free its memory a moment after the process is
@@ -148,56 +215,85 @@ class NvmlMeter(_Sampler):
     SETTLE_SECONDS = 10.0
     SETTLE_BYTES = 32 * 2**20
 
-    def __init__(self, nvml: Any, handle: Any, interval: float = 0.01) -> None:
+    def __init__(
+        self, nvml: Any, handles: Any, labels: Sequence[str] | None = None, interval: float = 0.01
+    ) -> None:
+        """``handles``: one NVML device handle, or the trial's devices' in order (``labels``: their names)."""
         super().__init__(interval)
         self._nvml = nvml
-        self._handle = handle
+        self._handles = list(handles) if isinstance(handles, (list, tuple)) else [handles]
+        self._labels = list(labels) if labels else [f"cuda:{i}" for i in range(len(self._handles))]
         self._pids: Processes = tuple
-        self._baseline = 0
-        self._peak = 0
+        self._ranks: Ranks | None = None
+        self._baseline = [0] * len(self._handles)
+        self._peaks = [0] * len(self._handles)
         self._trial_pids: set[int] = set()
         self._foreign_pids: set[int] = set()
+        self._device_of: dict[int, int] = {}  # pid -> index of the device NVML listed it on
 
-    def _used(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle, version=self._nvml.nvmlMemory_v2).used)
+    def _used(self, index: int = 0) -> int:
+        memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index], version=self._nvml.nvmlMemory_v2)
+        return int(memory.used)
 
-    def start(self, processes: Processes, ceiling: int | None = None) -> None:
-        self._pids, self._peak = processes, 0
-        self._trial_pids, self._foreign_pids = set(), set()
-        self._baseline = self._used()
+    def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None:
+        self._pids, self._ranks = processes, ranks
+        self._peaks = [0] * len(self._handles)
+        self._trial_pids, self._foreign_pids, self._device_of = set(), set(), {}
+        self._baseline = [self._used(i) for i in range(len(self._handles))]
         self.start_sampling(ceiling)
 
+    def _above(self, index: int) -> int:
+        return max(self._peaks[index] - self._baseline[index], 0)
+
     def sampled_peak(self) -> int:
-        return max(self._peak - self._baseline, 0)
+        return max(self._above(i) for i in range(len(self._handles)))
 
     def sample(self) -> None:
-        self._peak = max(self._peak, self._used())
+        for i in range(len(self._handles)):
+            self._peaks[i] = max(self._peaks[i], self._used(i))
         if self.samples % self.PROCESS_EVERY == 0:
             ours = set(self._pids())
-            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
-                (self._trial_pids if proc.pid in ours else self._foreign_pids).add(proc.pid)
+            for i, handle in enumerate(self._handles):
+                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    (self._trial_pids if proc.pid in ours else self._foreign_pids).add(proc.pid)
+                    self._device_of.setdefault(proc.pid, i)
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading:
         self.stop_sampling()
         note = None
         if self._foreign_pids - self._trial_pids and not self._trial_pids:
-            note = "NVML listed no process of the trial (PIDs of another namespace?); the device must be idle"
+            note = (
+                "NVML listed no process of the trial (PIDs of another namespace?); the devices must be idle"
+            )
         elif self._foreign_pids:
             note = f"other processes used the device during the trial: {sorted(self._foreign_pids)}"
         else:
             note = self._settle()
+        ranks = tuple(
+            RankPeak(identity.rank, self._labels[index], self._above(index))
+            for identity, index in sorted(self._rank_devices(), key=lambda item: item[0].rank)
+        )
         return MemoryReading(
-            max(self._peak - self._baseline, 0), "nvml", self.samples, max(len(self._trial_pids), 1), note
+            self.sampled_peak(), "nvml", self.samples, max(len(self._trial_pids), 1), note, ranks
         )
 
+    def _rank_devices(self) -> list[tuple[RankIdentity, int]]:
+        """Each rank that started, with its device: where NVML listed it, else its local rank's."""
+        return [
+            (identity, self._device_of.get(pid, identity.local_rank % len(self._handles)))
+            for pid, identity in (self._ranks() if self._ranks is not None else {}).items()
+        ]
+
     def _settle(self) -> str | None:
-        """Wait until the device is back at its level before the trial; a note if it does not come back."""
+        """Wait until the devices are back at their level before the trial; a note if one does not come back."""
         deadline = time.monotonic() + self.SETTLE_SECONDS
-        while (above := self._used() - self._baseline) > self.SETTLE_BYTES:
-            if time.monotonic() > deadline:
-                return (
-                    f"the device stayed {above / 2**20:.0f} MiB above its level before the trial for "
-                    f"{self.SETTLE_SECONDS:g}s after it ended: the next trial's peak is measured from there"
-                )
-            time.sleep(0.05)
+        for i in range(len(self._handles)):
+            while (above := self._used(i) - self._baseline[i]) > self.SETTLE_BYTES:
+                if time.monotonic() > deadline:
+                    which = "the device" if len(self._handles) == 1 else self._labels[i]
+                    return (
+                        f"{which} stayed {above / 2**20:.0f} MiB above its level before the trial "
+                        f"for {self.SETTLE_SECONDS:g}s after it ended: the next trial's peak is measured from there"
+                    )
+                time.sleep(0.05)
         return None

@@ -8,7 +8,7 @@ Public API (re-exported as ``autotune.batch_size``, ``autotune.grad_accum``, ``a
 - ``grad_accum(default=1)``: micro-batches per optimizer step: the trial's (from ``--global-batch`` or
   ``--grad-accum``), else ``AUTOTUNE_GRAD_ACCUM``, else ``default``.
 - ``prepare(model)``: applies the trial's recompute plan. Outside a trial: ``AUTOTUNE_PLAN`` if set, else
-  nothing.
+  nothing. A plan per rank (``Block:1|none``) applies the entry of this process's ``$RANK``.
 - ``step(samples)``: counts a training step. Steps are also counted automatically through torch's global
   optimizer step hook (first optimizer only); the first explicit ``step()`` call turns that off.
 
@@ -19,6 +19,9 @@ its optimizer after every forward fails with a message that says so.
 
 The hooks that count steps and apply the plan without a change to the script are in
 ``autotune.runtime.hooks``.
+
+In a multi-process job (torchrun sets ``$RANK``), each rank is a trial process of its own: it writes its
+progress (with its pid, from its start) and its report to files of its rank, and the tuner merges them.
 
 When warm-up + measured steps are done, the runtime writes its report and raises :class:`TrialComplete`
 (a ``SystemExit(0)``), so the script ends cleanly even if it would train forever.
@@ -48,8 +51,10 @@ from autotune.core.protocol import (
     PLAN_ENV,
     REQUEST_ENV,
     Outcome,
+    RankIdentity,
     TrialReport,
     TrialRequest,
+    rank_path,
     write_progress,
 )
 
@@ -70,8 +75,15 @@ class AccumulationIgnored(RuntimeError):
 class _Trial:
     """State of the one trial this process is running."""
 
-    def __init__(self, request: TrialRequest) -> None:
+    def __init__(self, request: TrialRequest, rank: RankIdentity | None = None) -> None:
         self.request = request
+        self.rank = rank  # in a multi-process job (torchrun): this process's rank; it reports on its own
+        self.report_path = rank_path(request.report_path, rank.rank if rank else None)
+        self.progress_path = rank_path(request.progress_path, rank.rank if rank else None)
+        self.concluded = False  # its final report is written (a later exit handler leaves it)
+        self.exit_code = EXIT_FAILED
+        if rank is not None:  # from its start on, the tuner knows this rank's process (its memory, its steps)
+            write_progress(self.progress_path, 0, rank)
         self.steps = 0
         self.last_step_end = time.perf_counter()
         self.step_seconds: list[float] = []
@@ -118,7 +130,7 @@ class _Trial:
         if self.probe is not None and hasattr(self.probe, "after_step"):
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
             self.last_step_end = time.perf_counter()
-        write_progress(self.request.progress_path, self.steps)
+        write_progress(self.progress_path, self.steps, self.rank)
         if self.steps >= self.request.total_steps:
             self.finished = True
             self.report(Outcome.COMPLETE)
@@ -138,7 +150,9 @@ class _Trial:
             candidates=self.candidates,
             probe=self._probe_result(),
             micro_batches=self.micro_batches,
-        ).write(self.request.report_path)
+            rank=self.rank.rank if self.rank else None,
+            world_size=self.rank.world_size if self.rank else None,
+        ).write(self.report_path)
 
     def _probe_result(self) -> dict[str, Any] | None:
         if self.probe is None:
@@ -147,9 +161,19 @@ class _Trial:
         return dict(self.probe.result().to_json())
 
     def conclude(self, error: BaseException | None) -> int:
-        """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code."""
+        """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code.
+
+        The first conclusion stands: an exit handler that runs after an uncaught error was reported (a
+        command that is not ``python ...``, a torchrun rank) does not overwrite the error with "ended"."""
         if self.finished:
             return EXIT_COMPLETE
+        if self.concluded:
+            return self.exit_code
+        self.concluded = True
+        self.exit_code = self._conclude(error)
+        return self.exit_code
+
+    def _conclude(self, error: BaseException | None) -> int:
         if error is None or isinstance(error, SystemExit):
             code = getattr(error, "code", 0)
             how = f"exited with code {code}" if code not in (None, 0) else "ended"
@@ -176,7 +200,7 @@ def current() -> _Trial | None:
         _loaded = True
         path = os.environ.get(REQUEST_ENV)
         if path:
-            _trial = _Trial(TrialRequest.read(path))
+            _trial = _Trial(TrialRequest.read(path), RankIdentity.from_environ())
     return _trial
 
 
@@ -230,6 +254,9 @@ def prepare(model: M) -> M:
     if backend is Backend.ORT:
         return _prepare_ort(model, trial)
     plan = parse_plan(trial.request.plan if trial is not None else os.environ.get(PLAN_ENV, "none"))
+    if plan.ranks:  # a plan per rank: this rank's entry
+        identity = trial.rank if trial is not None else RankIdentity.from_environ()
+        plan = plan.for_rank(identity.rank if identity is not None else None)
     if plan.is_none and trial is None:
         return model  # outside a trial with no plan: not even torch is imported
     from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists

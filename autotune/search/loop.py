@@ -37,7 +37,7 @@ from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
 from autotune.search.memory_model import MemoryModel
 from autotune.search.optuna_trials import ask_fixed, distributions, records_of, tell_result
-from autotune.search.propose import Finished, Proposal, hopeless, model_of, propose, speed_of
+from autotune.search.propose import Finished, Proposal, hopeless, model_of, predict_peak, propose, speed_of
 from autotune.search.records import TrialKind, TrialRecord, best_record, constraint_mib
 from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
@@ -212,7 +212,7 @@ class Search:
             self.study.tell(trial, state=TrialState.PRUNED)
             self.misses += 1
             return Step.MISSED
-        self._measure(trial, lease, model, "sampler")
+        self._measure(trial, lease, predict_peak(records, model, self.space, batch, plan), "sampler")
         return Step.RAN
 
     def _run_lease(self, lease: Lease, why: str) -> None:
@@ -221,7 +221,13 @@ class Search:
         if lease.attempt > 0:
             first = self.store.lease(self.name, lease.kind, lease.batch_size, lease.plan, 0)
             trial.set_user_attr("retry_of", first.trial_number if first is not None else None)
-        self._measure(trial, lease, model_of(records_of(self.study), self.savings), why)
+        records = records_of(self.study)
+        self._measure(
+            trial,
+            lease,
+            predict_peak(records, model_of(records, self.savings), self.space, lease.batch_size, lease.plan),
+            why,
+        )
 
     def _skip_or_copy(
         self, trial: optuna.Trial, batch: int, plan: str, records: list[TrialRecord], model: MemoryModel
@@ -233,7 +239,7 @@ class Search:
         same = next(
             (r for r in records if (r.batch_size, r.plan) == (batch, plan) and r.counted and r.finished), None
         )
-        predicted = model.predict(batch, plan)
+        predicted = predict_peak(records, model, self.space, batch, plan)
         if same is not None:
             trial.set_user_attr("kind", TrialKind.COPY.value)
             trial.set_user_attr("note", f"same configuration as trial {same.number}")
@@ -265,10 +271,9 @@ class Search:
         else:
             self.study.tell(trial, state=TrialState.FAIL)
 
-    def _measure(self, trial: optuna.Trial, lease: Lease, model: MemoryModel, why: str) -> TrialResult:
+    def _measure(self, trial: optuna.Trial, lease: Lease, predicted: float | None, why: str) -> TrialResult:
         self.misses = 0
         batch, plan = lease.batch_size, lease.plan
-        predicted = model.predict(batch, plan)
         for key, value in {
             "kind": TrialKind.MEASURED.value,
             "proposed_by": why,

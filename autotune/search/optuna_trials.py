@@ -112,4 +112,5 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "error": result.error.strip().splitlines()[0][:500] if result.error else None,
         "grad_accum": result.grad_accum,
         "micro_batches": result.micro_batches,
+        **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

@@ -29,6 +29,7 @@ from autotune.backends.probe_report import (
     probe_report_from_json,
 )
 from autotune.core.errors import ScriptError
+from autotune.core.plans import parse_plan
 from autotune.core.protocol import Outcome
 from autotune.leases.watch import LeaseWatch, grace_seconds
 from autotune.search.reporting import Reporter
@@ -208,7 +209,8 @@ def check_named_plans(
     if not spec.plans or not isinstance(probe, TorchProbeReport):
         return probe
     checked = {c.plan for c in probe.checks}
-    missing = tuple(p for p in spec.plans if p != "none" and p not in checked)
+    entries = dict.fromkeys(str(e) for p in spec.plans for e in parse_plan(p).entries)  # a per-rank plan's
+    missing = tuple(p for p in entries if p != "none" and p not in checked)
     if not missing:
         return probe
     reporter.note(f"checking {', '.join(missing)} against no plan (one instrumented trial)")

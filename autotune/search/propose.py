@@ -10,6 +10,10 @@ or the budget is hopeless. No Optuna, no database.
   (autotune.search.memory_model), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
   fitting batch size, the frontier.
+- *Plans per rank*: in a multi-process trial whose ranks' measured peaks differ (a pipeline's first stage
+  keeps more activations than its last), the space's plans per rank join the candidates, each rank's entry
+  judged by that rank's own memory model (:func:`rank_frontier`), valued like any plan (a plan per rank is
+  no faster than its lightest entry applied everywhere).
 - *Stopping rule*: once a configuration fits (the incumbent), a candidate is measured only if its
   optimistic prediction beats the incumbent by more than the incumbent's noise; when none does, the
   search has won (:class:`Finished`). ``exhaustive`` searches keep today's behaviour instead: every plan's
@@ -22,12 +26,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.core.budget import format_bytes
+from autotune.core.plans import parse_plan
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search.memory_model import MemoryModel, Observation
 from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
 from autotune.search.throughput_model import Configuration, Reading, ThroughputModel
+
+UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this share of the heaviest's
 
 
 @dataclass(frozen=True)
@@ -94,10 +101,12 @@ def propose(
     } | set(taken)
     if not model.calibrated:
         return _calibration(records, model, space, limit, tried)
-    frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.plans}
+    frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.uniform_plans}
     untried = [(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
         return Proposal(*untried[0], "frontier") if untried else None
+    per_rank = rank_frontier(records, model, space, limit)
+    frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})
     candidates = [
         (batch, plan)
         for plan, largest in frontier.items()
@@ -108,7 +117,15 @@ def propose(
     # Measuring a plan's frontier also shows how far the plan reaches: it is valued at the largest batch
     # size the plan could fit (one not measured yet may save more than the model assumes).
     reach = {
-        (largest, plan): max(largest, model.largest_possible(plan, space.batch_sizes, limit) or largest)
+        (largest, plan): max(
+            largest,
+            (
+                per_rank[plan][1]
+                if plan in per_rank
+                else model.largest_possible(plan, space.batch_sizes, limit)
+            )
+            or largest,
+        )
         for plan, largest in frontier.items()
         if largest is not None
     }
@@ -129,7 +146,7 @@ def propose(
 
     # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
     # what rules the recompute plans in or out.
-    first = next((c for c in untried if c[1] == space.plans[0]), None)
+    first = next((c for c in untried if c[1] == space.uniform_plans[0]), None)
     if first is not None and worth(first):
         return Proposal(*first, "frontier")
     best = max(candidates, key=promise, default=None)
@@ -145,6 +162,72 @@ def propose(
         return Finished(f"{reason}; every configuration that could fit has been measured")
     at_most = optimistic(best) or 0.0
     return Finished(f"{reason}; the closest, {best[1]}@{best[0]}, could reach at most {at_most:,.1f}")
+
+
+def unbalanced(records: Iterable[TrialRecord]) -> bool:
+    """Whether a completed multi-process trial's lightest rank peaked below UNBALANCED of its heaviest."""
+    for record in records:
+        peaks = [r.peak_bytes for r in record.ranks]
+        if record.outcome is Outcome.COMPLETE and len(peaks) > 1 and min(peaks) < UNBALANCED * max(peaks):
+            return True
+    return False
+
+
+def rank_models(
+    records: Iterable[TrialRecord], world_size: int, savings: dict[str, float]
+) -> list[MemoryModel]:
+    """A memory model per rank, fitted to that rank's own peaks under the plan it applied. A rank that was
+    stopped because another ended the trial says nothing about its own fit and is left out."""
+    seen: list[list[Observation]] = [[] for _ in range(world_size)]
+    for record in records:
+        if not record.measured or record.batch_size is None or record.plan is None:
+            continue
+        for rank in record.ranks:
+            if rank.outcome is None or not 0 <= rank.rank < world_size:
+                continue
+            entry = str(parse_plan(record.plan).for_rank(rank.rank))
+            seen[rank.rank].append(
+                Observation(record.batch_size, entry, rank.peak_bytes, rank.outcome is Outcome.COMPLETE)
+            )
+    return [MemoryModel.fit(observations, savings) for observations in seen]
+
+
+def rank_frontier(
+    records: list[TrialRecord], model: MemoryModel, space: SearchSpace, limit: int
+) -> dict[str, tuple[int | None, int | None]]:
+    """For each plan per rank, the largest batch size it fits and the largest it could fit (see
+    MemoryModel.largest_possible), every rank by its own model: only once the ranks' measured peaks differ
+    (a balanced job gains nothing from plans that differ by rank)."""
+    if not space.rank_plans or not unbalanced(records):
+        return {}
+    models = rank_models(records, space.world_size, model.savings)
+    if not all(m.calibrated for m in models):
+        return {}
+    frontier: dict[str, tuple[int | None, int | None]] = {}
+    for plan in space.rank_plans:
+        entries = [str(entry) for entry in parse_plan(plan).entries]
+        fitting = [models[r].largest_fitting(e, space.batch_sizes, limit) for r, e in enumerate(entries)]
+        possible = [models[r].largest_possible(e, space.batch_sizes, limit) for r, e in enumerate(entries)]
+        frontier[plan] = (_least(fitting), _least(possible))
+    return frontier
+
+
+def predict_peak(
+    records: list[TrialRecord], model: MemoryModel, space: SearchSpace, batch: int, plan: str
+) -> float | None:
+    """The predicted peak of ``plan`` at ``batch``: for a plan per rank, its heaviest rank's by the ranks'
+    own models (once each is calibrated), else the trial's model."""
+    if "|" in plan and space.world_size > 1:
+        models = rank_models(records, space.world_size, model.savings)
+        entries = parse_plan(plan).entries
+        if len(entries) == len(models) and all(m.calibrated for m in models):
+            return max(m.predict(batch, str(e)) or 0.0 for m, e in zip(models, entries, strict=True))
+    return model.predict(batch, plan)
+
+
+def _least(batches: list[int | None]) -> int | None:
+    """The batch size every rank reaches (None if one reaches none)."""
+    return None if None in batches else min(b for b in batches if b is not None)
 
 
 def _bar(speed: ThroughputModel, incumbent: TrialRecord | None) -> Interval | None:
@@ -164,7 +247,7 @@ def _calibration(
     """The calibration plan's next batch size below the smallest one measured not to fit; the plan is the
     first one, or the one that saves the most if the first does not fit at the smallest batch size."""
     smallest = space.batch_sizes[0]
-    for plan in dict.fromkeys((space.plans[0], most_saving(model, space))):
+    for plan in dict.fromkeys((space.uniform_plans[0], most_saving(model, space))):
         if any(not r.fits(limit) for r in _measured(records, smallest, plan)):
             continue  # this plan cannot calibrate the model: it does not fit even at the smallest batch
         ceiling = model.ceiling(plan, limit)
@@ -185,7 +268,7 @@ def most_saving(model: MemoryModel, space: SearchSpace) -> str:
         known = model.saving(plan)
         return (known or 0.0, known is None, space.plans.index(plan))
 
-    return max(space.plans, key=saving)
+    return max(space.uniform_plans, key=saving)
 
 
 def hopeless(records: list[TrialRecord], model: MemoryModel, space: SearchSpace, limit: int) -> str | None:

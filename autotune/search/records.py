@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.budget import fits
 from autotune.core.enums import TextEnum
-from autotune.core.protocol import Outcome
+from autotune.core.protocol import Outcome, RankResult
 from autotune.core.stats import Interval
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class TrialRecord:
     samples_per_sec_low: float | None = None  # the reading's interval (autotune.core.stats)
     samples_per_sec_high: float | None = None
     grad_accum: int | None = None  # micro-batches per optimizer step the trial asked for
+    ranks: tuple[RankResult, ...] = ()  # a multi-process trial's ranks: each one's peak and end
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -64,6 +65,7 @@ class TrialRecord:
             batch_size=trial.params.get("batch_size"),
             plan=trial.params.get("plan"),
             outcome=Outcome(outcome) if outcome is not None else None,
+            ranks=tuple(RankResult.from_dict(r) for r in attrs.get("ranks") or ()),
             **{name: attrs.get(name) for name in _ATTRS},
         )
 

@@ -14,7 +14,7 @@ from autotune.backends.probe import check_plans, forward_share, saving_per_sampl
 from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
-from autotune.hardware.devices import Device, resolve_device
+from autotune.hardware.devices import Device, resolve_trial_device
 from autotune.hardware.meters import make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.watch import grace_seconds
@@ -105,7 +105,7 @@ def resolve(
         InputError, DeviceError: the device or the budget on it. StorageError: the database.
         ScriptError: the probe's trial failed.
     """
-    device = resolve_device(spec.device, environ, nvml_loader(nvml))
+    device = resolve_trial_device(spec.device, spec.gpus_per_trial, environ, nvml_loader(nvml))
     limit = spec.budget.limit(device.total_bytes, spec.headroom)
     store = store or open_store(spec.storage_url)
     workload = workload_of(spec.command, device, spec.backend)
@@ -121,7 +121,9 @@ def resolve(
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
     check_plans(spec.plans, probe)  # before any measured trial
     probe = check_named_plans(store, workload, spec, runner, reporter, probe)
-    space = build_space(spec.batch_sizes, spec.plans, probe, spec.global_batch, spec.grad_accum)
+    space = build_space(
+        spec.batch_sizes, spec.plans, probe, spec.global_batch, spec.grad_accum, spec.world_size
+    )
     for plan, why in space.excluded.items():
         reporter.note(f"plan {plan} left out: {why}")
     row = _study_row(spec, workload, limit, space)
@@ -143,7 +145,7 @@ def _forward_shares(probe: ProbeReport | None, space: SearchSpace) -> dict[str, 
     """The share of the forward pass each plan of the space repeats, by the probe (none without one)."""
     if probe is None:
         return {}
-    shares = {plan: forward_share(probe, plan) for plan in space.plans if plan != "none"}
+    shares = {plan: forward_share(probe, plan) for plan in space.uniform_plans if plan != "none"}
     return {plan: share for plan, share in shares.items() if share is not None}
 
 
@@ -159,4 +161,4 @@ def _savings(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:
     """The probe's predicted saving per sample of every plan in the space (none without a probe)."""
     if probe is None:
         return {}
-    return {plan: saving_per_sample(probe, plan) for plan in space.plans if plan != "none"}
+    return {plan: saving_per_sample(probe, plan) for plan in space.uniform_plans if plan != "none"}

@@ -20,9 +20,9 @@ from typing import Any
 from autotune.backends import parse_backend_plan
 from autotune.backends.probe import default_plans, named_plans
 from autotune.backends.probe_report import ProbeReport
-from autotune.core.batches import micro_batches
+from autotune.core.batches import micro_batches, per_rank
 from autotune.core.errors import InputError
-from autotune.core.plans import Backend
+from autotune.core.plans import Backend, parse_plan
 
 DEFAULT_MAX_BATCH = 65536
 MAX_BATCH_SIZE = 2**31 - 1  # what every database's integer columns (and Optuna's params) hold
@@ -35,12 +35,24 @@ class SearchSpace:
     excluded: dict[str, str] = field(default_factory=dict)  # plans the probe left out, with why
     global_batch: int | None = None  # each trial accumulates global_batch / batch_size micro-batches
     declared_accum: int | None = None  # --grad-accum: the script accumulates this many on its own
+    world_size: int = 1  # ranks per trial (torchrun): a global batch is shared among them
 
     def grad_accum(self, batch_size: int) -> int | None:
         """The accumulation a trial at ``batch_size`` runs with (None: the script's own, counted)."""
         if self.global_batch is not None:
-            return self.global_batch // batch_size
+            return self.global_batch // (batch_size * self.world_size)
         return self.declared_accum
+
+    @property
+    def uniform_plans(self) -> tuple[str, ...]:
+        """The plans every rank applies alike (all of them, for a one-process trial, or where only plans
+        per rank were named: those are then searched like any plan)."""
+        return tuple(p for p in self.plans if "|" not in p) or self.plans
+
+    @property
+    def rank_plans(self) -> tuple[str, ...]:
+        """The plans that differ by rank: measured once the ranks' peaks are seen to differ."""
+        return tuple(p for p in self.plans if "|" in p) if self.uniform_plans != self.plans else ()
 
     def as_dict(self) -> dict[str, Any]:
         """What names the search (in the study key): the excluded plans follow from the probe."""
@@ -49,6 +61,8 @@ class SearchSpace:
             space["global_batch"] = self.global_batch
         if self.declared_accum is not None:
             space["grad_accum"] = self.declared_accum
+        if self.world_size > 1:
+            space["world_size"] = self.world_size
         return space
 
     @classmethod
@@ -59,6 +73,7 @@ class SearchSpace:
             tuple(space["plans"]),
             global_batch=space.get("global_batch"),
             declared_accum=space.get("grad_accum"),
+            world_size=space.get("world_size", 1),
         )
 
 
@@ -142,15 +157,41 @@ def build_space(
     probe: ProbeReport | None,
     global_batch: int | None = None,
     declared_accum: int | None = None,
+    world_size: int = 1,
 ) -> SearchSpace:
     """The user's plans, or the defaults from the probe (autotune.backends.probe.default_plans: for torch
     the module-level plans with the operator-level ones that are predicted to save memory and passed the
     probe's correctness check; for ORT its own plans with the largest savings and its levels). With a
-    global batch, only the batch sizes that divide it."""
+    global batch, only the batch sizes that divide each rank's share of it. With several ranks, the default
+    plans also give the ranks plans of their own (:func:`rank_plans`)."""
     if global_batch is not None:
-        batch_sizes = micro_batch_sizes(global_batch, batch_sizes)
+        batch_sizes = micro_batch_sizes(per_rank(global_batch, world_size), batch_sizes)
     if plans:
         kept, excluded = named_plans(plans, probe)
-        return SearchSpace(batch_sizes, kept, excluded, global_batch, declared_accum)
+        return SearchSpace(batch_sizes, kept, excluded, global_batch, declared_accum, world_size)
     defaults, excluded = default_plans(probe)
-    return SearchSpace(batch_sizes, defaults, excluded, global_batch, declared_accum)
+    if world_size > 1:
+        defaults = (*defaults, *rank_plans(defaults, world_size))
+    return SearchSpace(batch_sizes, defaults, excluded, global_batch, declared_accum, world_size)
+
+
+def rank_plans(plans: tuple[str, ...], world_size: int) -> tuple[str, ...]:
+    """Plans per rank for a job whose ranks differ (a pipeline's first stages keep the activations of more
+    micro-batches than its last): over the levels ``none`` and the first checkpointed class at each ratio the
+    space has (``Block:0.25`` ... ``Block:1``), the first ``k`` ranks at one level and the others at another,
+    for every split ``k`` and every pair of levels. Ordered by how much they recompute, the least first: the
+    search measures them only once the ranks' measured peaks differ (autotune.search.propose)."""
+    ladder = [p for p in plans if p != "none" and "/" not in p and "," not in p and "|" not in p]
+    if not ladder:
+        return ()
+    cls = parse_plan(ladder[0]).rules[0].cls
+    levels = ["none", *sorted((p for p in ladder if parse_plan(p).rules[0].cls == cls),
+                              key=lambda p: parse_plan(p).rules[0].ratio)]  # fmt: skip
+    found = {}
+    for split in range(1, world_size):
+        for head in range(len(levels)):
+            for tail in range(len(levels)):
+                if head != tail:
+                    entries = [levels[head]] * split + [levels[tail]] * (world_size - split)
+                    found["|".join(entries)] = sum(levels.index(e) for e in entries)
+    return tuple(sorted(found, key=lambda p: (found[p], p)))

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.core.batches import MAX_GLOBAL_BATCH, check_global_batch
+from autotune.core.batches import MAX_GLOBAL_BATCH, check_global_batch, per_rank
 from autotune.core.budget import DEFAULT_HEADROOM, Budget, check_headroom, parse_budget, parse_headroom
 from autotune.core.errors import InputError
 from autotune.core.paths import cache_dir, default_storage_url
@@ -51,6 +51,7 @@ class TuneSpec:
     # Devices that run trials of this job beside ``device``, in this process (workers.Worker threads).
     # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
     helpers: tuple[str, ...] | None = None
+    gpus_per_trial: int = 1  # each trial runs on this many GPUs (a torchrun job's ranks)
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -58,11 +59,14 @@ class TuneSpec:
         check_headroom(self.headroom)
         if self.study is not None:
             check_study_name(self.study)
+        if self.gpus_per_trial < 1:
+            raise InputError(f"--gpus-per-trial must be a positive integer, got {self.gpus_per_trial}")
         if self.global_batch is not None:
             check_global_batch(self.global_batch)
             if self.grad_accum is not None:
                 raise InputError("give --global-batch or --grad-accum, not both")
-            micro_batch_sizes(self.global_batch, self.batch_sizes)  # some micro-batch lies in the range
+            share = per_rank(self.global_batch, self.world_size)  # the ranks share it evenly
+            micro_batch_sizes(share, self.batch_sizes)  # some micro-batch lies in the range
         if self.grad_accum is not None and not 1 <= self.grad_accum <= MAX_GLOBAL_BATCH:
             raise InputError(f"--grad-accum must be between 1 and {MAX_GLOBAL_BATCH}, got {self.grad_accum}")
         object.__setattr__(self, "backend", Backend.parse(self.backend))  # "ort" given as a string
@@ -71,6 +75,11 @@ class TuneSpec:
     def verify_settings(self) -> TrialSettings:
         """A verification runs 3x the measured steps (at least 10)."""
         return dataclasses.replace(self.settings, measured_steps=max(3 * self.settings.measured_steps, 10))
+
+    @property
+    def world_size(self) -> int:
+        """The ranks of one trial (torchrun's processes; 1 for a plain script)."""
+        return self.command.world_size(self.gpus_per_trial)
 
     @property
     def storage_url(self) -> str:
@@ -97,6 +106,7 @@ class TuneSpec:
             "exhaustive": self.exhaustive,
             "global_batch": self.global_batch,
             "grad_accum": self.grad_accum,
+            "gpus_per_trial": self.gpus_per_trial,
         }
 
     @classmethod
@@ -126,6 +136,7 @@ class TuneSpec:
             exhaustive=bool(data.get("exhaustive", False)),  # jobs stored before the stopping rule: False
             global_batch=data.get("global_batch"),
             grad_accum=data.get("grad_accum"),
+            gpus_per_trial=int(data.get("gpus_per_trial", 1)),
         )
 
 
@@ -148,7 +159,7 @@ def tune_spec(
         plans: plan strings, each possibly ';'-separated; empty: derived from the model.
         headroom: ``5%`` or ``0.05``.
         options: the other TuneSpec fields as they are (trials, settings, seed, device, cache_dir,
-            storage, study, force, exhaustive, helpers, global_batch, grad_accum).
+            storage, study, force, exhaustive, helpers, global_batch, grad_accum, gpus_per_trial).
 
     Raises:
         InputError: a bad command, budget, batch-size list, plan, headroom or option, in one line.

@@ -103,6 +103,7 @@ def _warm_trial(record: TrialRecord, origin: str, space: SearchSpace, limit: int
             "log_dir": record.log_dir,
             "note": f"from study {origin}",
             "kind": TrialKind.WARM_START.value,
+            **({"ranks": [r.to_dict() for r in record.ranks]} if record.ranks else {}),
         },
         constraints={"memory": constraint_mib(peak, limit, record.outcome is Outcome.COMPLETE)},
     )

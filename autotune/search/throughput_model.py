@@ -131,12 +131,15 @@ class ThroughputModel:
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
         less than what a plan it recomputes at least as much as was measured at; unmeasured, its probe's
-        forward share times FORWARD_SHARE_OF_STEP; 0 for the reference plan and anything unknown. Against
-        ``none`` it is never negative."""
+        forward share times FORWARD_SHARE_OF_STEP, and for a plan per rank the least of its entries' (every
+        rank applying its lightest entry recomputes no more); 0 for the reference plan and anything unknown.
+        Against ``none`` it is never negative."""
         if plan == self.reference:
             return 0.0
         own = self.overhead.get(plan)
         least = own.low if own is not None else self.forward_shares.get(plan, 0.0) * FORWARD_SHARE_OF_STEP
+        if own is None and "|" in plan:
+            least = min(self.least_overhead(entry) for entry in dict.fromkeys(plan.split("|")))
         for other, measured in self.overhead.items():
             if other != plan and _recomputes_at_least(plan, other):
                 least = max(least, measured.low)

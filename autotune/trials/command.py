@@ -25,6 +25,8 @@ PLACEHOLDER = "{batch_size}"
 ACCUM_PLACEHOLDER = "{grad_accum}"
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?", re.ASCII)
 _FLAGS_WITH_VALUE = ("-W", "-X")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")  # what torchrun is, run as a module
+_LAUNCHERS = ("torchrun",)
 _PACKAGE_PARENT = str(Path(autotune.__file__).resolve().parent.parent)
 _INJECT_DIR = str(Path(autotune.__file__).resolve().parent / "runtime" / "_inject")
 
@@ -68,8 +70,8 @@ class TrialCommand:
             w.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(grad_accum or 1))
             for w in self.words
         ]
-        if not _PYTHON.fullmatch(os.path.basename(words[0])):
-            return words
+        if not _PYTHON.fullmatch(os.path.basename(words[0])) or self.runs_launcher_module:
+            return words  # the runtime comes in through sitecustomize, in every rank
         i = 1
         while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-c", "-"):
             i += 2 if words[i] in _FLAGS_WITH_VALUE else 1
@@ -82,7 +84,7 @@ class TrialCommand:
         if not self.is_template:
             return dict(base)
         paths = []
-        if not _PYTHON.fullmatch(os.path.basename(self.words[0])):
+        if not _PYTHON.fullmatch(os.path.basename(self.words[0])) or self.runs_launcher_module:
             paths.append(_INJECT_DIR)
         elif _same_interpreter(self.words[0]):
             return dict(base)
@@ -91,12 +93,57 @@ class TrialCommand:
             paths.append(base["PYTHONPATH"])
         return {**base, "PYTHONPATH": os.pathsep.join(paths)}
 
+    @property
+    def runs_launcher_module(self) -> bool:
+        """``python -m torch.distributed.run …``: torchrun run as a module (its ranks need the runtime too)."""
+        words = self.words
+        return any(words[i] == "-m" and words[i + 1] in _LAUNCHER_MODULES for i in range(len(words) - 1))
+
+    @property
+    def launcher(self) -> bool:
+        """Whether the command starts its training processes through torchrun."""
+        return self.is_template and (
+            os.path.basename(self.words[0]) in _LAUNCHERS or self.runs_launcher_module
+        )
+
+    def world_size(self, gpus: int = 1) -> int:
+        """The ranks a trial of this command runs: torchrun's ``--nnodes`` x ``--nproc-per-node`` (``gpu`` and
+        ``auto`` count the trial's ``gpus``), 1 for a command that is not torchrun.
+
+        Raises:
+            InputError: an elastic node range or a process count that is not a number.
+        """
+        if not self.launcher:
+            return 1
+        nodes, per_node = _option(self.words, "nnodes", "1"), _option(self.words, "nproc-per-node", "1")
+        if per_node in ("gpu", "auto"):
+            per_node = str(gpus)
+        if not nodes.isdigit() or not per_node.isdigit() or int(nodes) < 1 or int(per_node) < 1:
+            raise InputError(
+                f"torchrun --nnodes {nodes} --nproc-per-node {per_node}: autotune needs the number of ranks "
+                "of a trial; give both as whole numbers"
+            )
+        return int(nodes) * int(per_node)
+
     def script_path(self) -> str | None:
         """The Python script this command runs, if one can be seen (the first ``*.py`` word)."""
         return next((w for w in self.words if w.endswith(".py") and Path(w).is_file()), None)
 
     def __str__(self) -> str:
         return " ".join(self.words)
+
+
+def _option(words: tuple[str, ...], name: str, default: str) -> str:
+    """The value of torchrun's ``--NAME`` (also spelled with underscores, or ``--NAME=VALUE``) among the words
+    before the training script."""
+    spellings = (f"--{name}", f"--{name.replace('-', '_')}")
+    for i, word in enumerate(words):
+        if word.endswith(".py"):
+            break
+        key, eq, value = word.partition("=")
+        if key in spellings:
+            return value if eq else (words[i + 1] if i + 1 < len(words) else default)
+    return default
 
 
 def _check_program(program: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.core.errors import TrialError
 from autotune.core.protocol import read_progress
-from autotune.hardware.meters import MemoryMeter, MemoryReading
+from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
 from autotune.trials._shim import descendants
 from autotune.trials.interrupts import StopRequested, TrialInterrupted
 
@@ -47,6 +47,10 @@ class Launch:
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL when a trial is stopped
     cwd: Path | None = None
     ceiling: int | None = None  # bytes: a trial whose sampled peak passes it is stopped at once
+    ranks: Ranks | None = None  # a multi-process trial's ranks (pid -> identity), for the meter
+    # True once one of the trial's processes has ended it (a rank's out-of-memory or error): the rest of
+    # the tree is stopped at once, so no rank waits in a collective for one that is gone.
+    ended: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class ProcessExit:
     signal: int | None
     main_maxrss_bytes: int
     wall_seconds: float
-    timed_out: str | None  # "startup" or "run" (its timeouts), or "ceiling" (its peak passed it)
+    # "startup" or "run" (its timeouts), "ceiling" (its peak passed it), or "rank" (one rank ended it)
+    timed_out: str | None
     stopped: bool  # autotune stopped it (timeout, ceiling or Ctrl-C)
 
 
@@ -81,7 +86,7 @@ def run_process(
     shim = _start_shim(launch)
     timed_out: str | None = None
     try:  # from here on, whatever happens (a Ctrl-C included) stops the shim: no trial outlives its tuner
-        meter.start(functools.partial(descendants, shim.pid), launch.ceiling)
+        meter.start(functools.partial(descendants, shim.pid), launch.ceiling, launch.ranks)
         with interruptible() if interruptible is not None else nullcontext():
             timed_out = _wait(shim, launch, started, on_poll, stop, meter)
     except KeyboardInterrupt as e:
@@ -167,6 +172,9 @@ def _wait(
         if meter.over.wait(POLL_SECONDS):  # the meter's thread set it: passed the ceiling
             _kill(shim)
             return "ceiling"
+        if launch.ended is not None and launch.ended():
+            _kill(shim)
+            return "rank"
         elapsed = time.monotonic() - started
         steps = read_progress(launch.progress_path)
         if on_poll is not None:

@@ -26,6 +26,7 @@ from autotune.core.protocol import (
     PLAN_ENV,
     REQUEST_ENV,
     Outcome,
+    RankResult,
     TrialReport,
     TrialRequest,
 )
@@ -35,6 +36,7 @@ from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
 from autotune.trials.interrupts import InterruptShield
 from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
+from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
 from autotune.trials.result import TrialResult, classify, throughput
 from autotune.trials.settings import TrialSettings
 
@@ -77,18 +79,21 @@ def measure_spec(
 ) -> MeasureSpec:
     """A MeasureSpec from what a user types: ``measure_spec(["train.py"], 32, plan="all", budget="8GB")``.
 
-    ``global_batch``: the trial accumulates ``global_batch / batch_size`` micro-batches per optimizer step;
+    ``global_batch``: the trial accumulates ``global_batch / (batch_size x ranks)`` micro-batches per optimizer
+    step (ranks: a torchrun command's ``--nproc-per-node``);
     ``grad_accum``: the script accumulates that many on its own (either way samples/s counts them all).
 
     Raises:
         InputError: a bad command, plan, backend, budget or global batch, in one line.
     """
+    parsed = TrialCommand.parse(command)
     if global_batch is not None:
         if grad_accum is not None:
             raise InputError("give --global-batch or --grad-accum, not both")
-        grad_accum = grad_accum_for(global_batch, batch_size)
+        gpus = len(device.split("+")) if device.startswith("cuda") else 1
+        grad_accum = grad_accum_for(global_batch, batch_size, parsed.world_size(gpus))
     return MeasureSpec(
-        command=TrialCommand.parse(command),
+        command=parsed,
         batch_size=batch_size,
         plan=parse_backend_plan(plan, backend),
         device=device,
@@ -161,6 +166,7 @@ def run_trial(
     ``check_plans``: a probe also checks these plans against no plan.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     workdir = new_trial_dir(root)
+    watch = RankWatch(workdir / "progress.json")
     request = _request(workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans)
     request.write(workdir / "request.json")
     launch = Launch(
@@ -173,13 +179,36 @@ def run_trial(
         grace=settings.grace,
         cwd=Path(command.cwd) if command.cwd else None,
         ceiling=ceiling,
+        ranks=watch if command.launcher else None,
+        ended=lambda: rank_failed(request.report_path),
     )
     exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
-    report = _read_report(Path(request.report_path))
+    reports = rank_reports(request.report_path)
+    started = watch.identities()
+    report = (
+        merge_reports(reports, started) if reports or started else _read_report(Path(request.report_path))
+    )
     outcome, error = classify(exit_info, report, settings)
     if outcome is Outcome.FAILED:
         error = "\n".join(filter(None, [error, tail(workdir / "stderr.log")]))
-    return _result(outcome, error, request, device, reading, exit_info, report, workdir)
+    ranks = _rank_results(reading, reports, exit_info, ceiling)
+    return _result(outcome, error, request, device, reading, exit_info, report, workdir, ranks)
+
+
+def _rank_results(
+    reading: MemoryReading, reports: dict[int, TrialReport], exit_info: ProcessExit, ceiling: int | None
+) -> tuple[RankResult, ...]:
+    """Each rank's peak with how that rank ended: its own report's outcome; over-budget for a rank whose
+    peak passed the ceiling the trial was stopped at; None for a rank stopped because another ended it."""
+
+    def outcome(rank: int, peak: int) -> Outcome | None:
+        if exit_info.timed_out == "ceiling" and ceiling is not None and peak > ceiling:
+            return Outcome.OVER_BUDGET
+        return reports[rank].outcome if rank in reports else None
+
+    return tuple(
+        RankResult(r.rank, r.device, r.peak_bytes, outcome(r.rank, r.peak_bytes)) for r in reading.ranks
+    )
 
 
 def _request(
@@ -254,6 +283,7 @@ def _result(
     exit_info: ProcessExit,
     report: TrialReport | None,
     workdir: Path,
+    ranks: tuple[RankResult, ...] = (),
 ) -> TrialResult:
     speed = throughput(report) if outcome is Outcome.COMPLETE else None
     return TrialResult(
@@ -282,4 +312,6 @@ def _result(
         probe=probe_report_from_json(report.probe) if report else None,
         grad_accum=request.grad_accum,
         micro_batches=report.micro_batches if report else None,
+        ranks=ranks,
+        world_size=report.world_size if report else None,
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.backends.probe_report import ModuleCandidate, ProbeReport
 from autotune.core.budget import fits
-from autotune.core.protocol import Outcome, TrialReport
+from autotune.core.protocol import Outcome, RankResult, TrialReport
 from autotune.core.stats import Interval, median_interval
 from autotune.trials.launcher import ProcessExit
 from autotune.trials.settings import TrialSettings
@@ -41,6 +41,8 @@ class TrialResult:
     samples_per_sec_high: float | None = None
     grad_accum: int | None = None  # micro-batches per optimizer step the trial asked for
     micro_batches: int | None = None  # forwards the trial counted in its last optimizer step
+    ranks: tuple[RankResult, ...] = ()  # a multi-process trial's ranks; peak_bytes is the worst rank's
+    world_size: int | None = None  # its ranks (None: one process)
 
     @property
     def throughput(self) -> Interval | None:
@@ -62,6 +64,7 @@ class TrialResult:
         data["step_seconds"] = list(self.step_seconds)
         data["probe"] = self.probe.to_json() if self.probe is not None else None
         data["fits"] = self.fits_budget
+        data["ranks"] = [r.to_dict() for r in self.ranks]
         return data
 
 

@@ -1,6 +1,7 @@
 """What makes two trials' measurements comparable: the workload and its fingerprint.
 
-The *workload* is the script (its bytes and the argument template), the device (model and total memory)
+The *workload* is the script (its bytes and the argument template), the device (model and total memory;
+for a multi-process trial, its ranks and devices)
 and the software (torch, ONNX Runtime, NVIDIA driver versions) and backend. Every budget of one workload
 shares its measurements; the study key (autotune.search.naming) adds what a search was asked.
 """
@@ -41,6 +42,10 @@ def workload_of(command: TrialCommand, device: Device, backend: Backend | str) -
         },
         "backend": str(backend),
     }
+    ranks = command.world_size(len(device.members))
+    if ranks > 1 or len(device.members) > 1:  # a one-process, one-device workload keeps its fingerprint
+        details["ranks"] = ranks
+        details["devices"] = len(device.members)
     return Workload(digest(details), script or command.words[0], details)
 
 

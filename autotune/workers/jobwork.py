@@ -60,6 +60,13 @@ class JobWork:
     def _start(self) -> tuple[Search, bool]:
         """The job resolved here (its probe run here if no worker ran it yet) and its study opened; whether
         this call ran the probe."""
+        given = len(self.spec.device.split("+")) if self.spec.device.startswith("cuda") else 1
+        if given != self.spec.gpus_per_trial:
+            raise JobRefused(
+                f"job {self.job.study_name} runs each trial on {self.spec.gpus_per_trial} GPU(s); this worker's "
+                f"trials get {given} ({self.spec.device}): start a worker with --gpus-per-trial "
+                f"{self.spec.gpus_per_trial}"
+            )
         job = resolve(self.spec, self.environ, self.reporter, self.nvml, self.worker, self.stop, self.store)
         self.trials += job.probes_run
         try:

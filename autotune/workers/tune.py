@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 
 from autotune.core.errors import NoFitError, ScriptError
-from autotune.hardware.devices import Device, gpu_count
+from autotune.hardware.devices import Device, device_groups, gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
 from autotune.leases.identity import worker_id
@@ -89,12 +89,15 @@ def _tune(
 
 
 def _helper_devices(spec: TuneSpec, device: Device, env: Mapping[str, str], nvml: Any) -> tuple[str, ...]:
-    """``spec.helpers``, or with ``--device auto`` on a GPU every other visible GPU."""
+    """``spec.helpers``, or with ``--device auto`` on a GPU every other visible GPU (in groups of
+    ``--gpus-per-trial``; GPUs left over that make no whole group stay idle)."""
     if spec.helpers is not None:
         return spec.helpers
     if spec.device.strip().lower() != "auto" or device.kind != "cuda":
         return ()
-    return tuple(f"cuda:{i}" for i in range(1, gpu_count(env, nvml_loader(nvml))))
+    count = gpu_count(env, nvml_loader(nvml))
+    count -= count % spec.gpus_per_trial
+    return tuple(device_groups([f"cuda:{i}" for i in range(count)], spec.gpus_per_trial)[1:])
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.core.errors import InputError
-from autotune.core.plans import ModuleRule, Plan, parse_plan
+from autotune.core.plans import ModuleRule, Plan, parse_plan, recomputes_at_least
 
 
 @pytest.mark.parametrize(
@@ -47,3 +47,26 @@ def test_none_and_all() -> None:
     assert Plan.none().is_none
     assert not Plan.all().is_none
     assert parse_plan("all") == Plan.all()
+
+
+def test_a_plan_per_rank_reads_prints_and_gives_each_rank_its_entry() -> None:
+    plan = parse_plan("Block:1 | Block:0.5|none")
+    assert str(plan) == "Block:1|Block:0.5|none"
+    assert [str(plan.for_rank(r)) for r in range(3)] == ["Block:1", "Block:0.5", "none"]
+    assert str(parse_plan("Block:1|Block:1")) == "Block:1"  # alike on every rank: one plan
+    assert not plan.is_none and parse_plan("none|none").is_none
+    with pytest.raises(InputError, match="rank 3"):
+        plan.for_rank(3)
+    with pytest.raises(InputError, match="no rank"):
+        plan.for_rank(None)
+    with pytest.raises(InputError, match="a plan for every rank"):
+        parse_plan("Block:1||none")
+    assert parse_plan("Block:0.5").for_rank(7) == parse_plan("Block:0.5")
+
+
+def test_recomputing_at_least_is_judged_rank_by_rank() -> None:
+    assert recomputes_at_least(parse_plan("A:1|A:0.5"), parse_plan("A:0.5"))
+    assert not recomputes_at_least(parse_plan("A:0.5"), parse_plan("A:1|none"))
+    assert recomputes_at_least(parse_plan("A:1|none"), parse_plan("A:0.5|none"))
+    assert not recomputes_at_least(parse_plan("A:1|none"), parse_plan("none|A:0.5"))
+    assert not recomputes_at_least(parse_plan("A:1|A:1|none"), parse_plan("A:1|none"))  # another world size

@@ -348,3 +348,78 @@ def test_nvml_and_torch_s_counters_agree_on_three_batch_sizes(tmp_path) -> None:
         assert result.outcome is Outcome.COMPLETE and result.torch_peak_reserved is not None
         overheads.append(result.peak_bytes - result.torch_peak_reserved)
     assert min(overheads) > 0 and max(overheads) - min(overheads) < 256 * MiB, overheads
+
+
+def _ranks(
+    usage: dict[int, Path], mib: dict[int, int], local: dict[int, int]
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A stand-in for torchrun: one child per rank, each declaring ``mib[rank]`` on the FAKE GPU whose usage
+    file is ``usage[rank]`` (appending: ranks may share a device) and writing its rank's progress file as
+    the trial runtime does."""
+    folder = usage[0].parent
+    child = (
+        "import json, os, sys, time; rank = int(sys.argv[1]); time.sleep(0.1); "
+        "open(sys.argv[2], 'a').write(f'{os.getpid()} {int(sys.argv[3]) << 20}\\n'); "
+        "json.dump({'steps': 0, 'rank': rank, 'local_rank': int(sys.argv[4]), 'world_size': int(sys.argv[5]), "
+        "'pid': os.getpid()}, open(sys.argv[6] + f'/progress.rank-{rank}.json', 'w')); time.sleep(0.8)"
+    )
+    args = [
+        [str(rank), str(usage[rank]), str(mib[rank]), str(local[rank]), str(len(mib)), str(folder)]
+        for rank in sorted(mib)
+    ]
+    parent = (
+        "import subprocess, sys; "
+        f"[c.wait() for c in [subprocess.Popen([sys.executable, '-c', {child!r}, *a]) for a in {args!r}]]"
+    )
+    return subprocess.Popen([sys.executable, "-c", parent]), folder / "progress.json"
+
+
+def test_each_rank_s_device_is_measured_and_ranks_sharing_one_are_summed(fake, tmp_path) -> None:
+    """FAKE NVML: two GPUs, one rank each; then two ranks on one GPU (its used memory is their sum)."""
+    from autotune.trials.ranks import RankWatch
+
+    gpus = [fake.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    for gpu in gpus:
+        gpu.usage_file.write_text("")
+    meter = NvmlMeter(fake, gpus, ["cuda:0", "cuda:1"])
+    proc, progress = _ranks({0: gpus[0].usage_file, 1: gpus[1].usage_file}, {0: 300, 1: 100}, {0: 0, 1: 1})
+    meter.start(partial(descendants, proc.pid), ranks=RankWatch(progress))
+    proc.wait()
+    reading = meter.stop(0)
+    assert [(r.rank, r.device, r.peak_bytes) for r in reading.ranks] == [
+        (0, "cuda:0", 300 * MiB),
+        (1, "cuda:1", 100 * MiB),
+    ]
+    assert reading.peak_bytes == 300 * MiB  # the worst device, not the sum over devices
+
+    for gpu in gpus:
+        gpu.usage_file.write_text("")
+    for name in progress.parent.glob("progress.rank-*.json"):
+        name.unlink()
+    proc, progress = _ranks({0: gpus[0].usage_file, 1: gpus[0].usage_file}, {0: 200, 1: 150}, {0: 0, 1: 0})
+    meter.start(partial(descendants, proc.pid), ranks=RankWatch(progress))
+    proc.wait()
+    reading = meter.stop(0)
+    assert [(r.rank, r.device, r.peak_bytes) for r in reading.ranks] == [
+        (0, "cuda:0", 350 * MiB),
+        (1, "cuda:0", 350 * MiB),
+    ]
+    assert reading.peak_bytes == 350 * MiB
+
+
+def test_gpus_per_trial_groups_devices_and_pins_a_trial_to_all_of_its_gpus(fake) -> None:
+    from autotune.hardware.devices import device_groups, resolve_trial_device
+
+    assert device_groups(["cuda:0", "cuda:1", "cuda:2", "cuda:3"], 2) == ["cuda:0+1", "cuda:2+3"]
+    with pytest.raises(InputError, match="does not divide the 3 GPU"):
+        device_groups(["cuda:0", "cuda:1", "cuda:2"], 2)
+    with pytest.raises(InputError, match="needs GPUs"):
+        device_groups(["cpu"], 2)
+    group = resolve_trial_device("auto", 2, {}, lambda: fake)
+    assert str(group) == "cuda:0+1" and [str(d) for d in group.members] == ["cuda:0", "cuda:1"]
+    assert group.child_env()["CUDA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in fake.gpus[:2])
+    assert group.total_bytes == min(g.total for g in fake.gpus[:2])
+    with pytest.raises(DeviceError, match="shows 2 GPU"):
+        resolve_trial_device("auto", 3, {}, lambda: fake)
+    with pytest.raises(InputError, match="needs GPUs"):
+        resolve_trial_device("cpu", 2, {}, lambda: fake)

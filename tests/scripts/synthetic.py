@@ -87,8 +87,35 @@ def main() -> None:
     )
     p.add_argument("--state-dir", default=None, help="where trials of each configuration are counted")
     p.add_argument("--seed", type=int, default=None, help="seed of --noise, per configuration and trial")
+    p.add_argument(
+        "--rank-scale",
+        default="",
+        help="S0,S1,...: under torchrun, rank r holds S_r times the per-sample memory (a pipeline's first "
+        "stage keeps the activations of more micro-batches in flight than its last)",
+    )
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="under torchrun, every rank's step takes the per-sample time times the mean over the ranks of "
+        "(1 + the overhead of that rank's plan): each stage's recompute lies on the pipeline's critical path",
+    )
+    p.add_argument(
+        "--fail-rank", type=int, default=None, help="--oom-at and --crash-at apply to this rank only"
+    )
+    p.add_argument("--hang-rank", type=int, default=None, help="this rank stops stepping at --hang-at")
+    p.add_argument("--hang-at", type=int, default=2)
     args = p.parse_args()
-    saving, overhead = plan_effect(args.plan_effects, os.environ.get("AUTOTUNE_PLAN", "none"))
+    rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+    whole_plan = autotune.parse_plan(os.environ.get("AUTOTUNE_PLAN", "none"))
+    saving, overhead = plan_effect(
+        args.plan_effects, str(whole_plan.for_rank(rank) if rank is not None else whole_plan)
+    )
+    if args.pipeline and whole_plan.ranks:
+        overheads = [plan_effect(args.plan_effects, str(entry))[1] for entry in whole_plan.ranks]
+        overhead = sum(overheads) / len(overheads)
+    scale = float(args.rank_scale.split(",")[rank]) if args.rank_scale and rank is not None else 1.0
+    if args.fail_rank is not None and rank != args.fail_rank:
+        args.oom_at = args.crash_at = -1
 
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -114,7 +141,7 @@ def main() -> None:
             f.write(" ".join(map(str, pids)) + "\n")
 
     batch = autotune.batch_size(default=1)
-    held = touched(args.base_mib + batch * args.per_sample_mib * (1 - saving))  # noqa: F841
+    held = touched(args.base_mib + batch * args.per_sample_mib * scale * (1 - saving))  # noqa: F841
     step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
     plan = os.environ.get("AUTOTUNE_PLAN", "none")
     reading = count_reading(args.state_dir, batch, plan)
@@ -132,6 +159,9 @@ def main() -> None:
             raise ValueError(f"synthetic crash at step {step}")
         if step == args.oom_at:
             raise MemoryError(f"synthetic allocation failure at step {step}")
+        if args.hang_rank is not None and rank == args.hang_rank and step == args.hang_at:
+            while True:
+                time.sleep(1)
         spike = touched(args.spike_mib) if step == 1 else None
         time.sleep(step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
         del spike

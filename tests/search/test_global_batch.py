@@ -77,3 +77,45 @@ def test_run_with_a_global_batch_searches_its_micro_batches_and_exports_the_accu
     other = autotune(*by_command, "--global-batch", "16", *command)
     assert other.returncode == 2
     assert "nothing stored for" in other.stderr and "with --global-batch 16" in other.stderr
+
+
+def test_a_torchrun_command_knows_its_ranks_and_shares_a_global_batch_among_them(tmp_path) -> None:
+    import pytest
+
+    from autotune.core.batches import grad_accum_for
+    from autotune.core.errors import InputError
+    from autotune.hardware.devices import cpu_device
+    from autotune.search.spec import tune_spec
+    from autotune.trials.command import TrialCommand
+    from autotune.trials.workload import workload_of
+
+    script = tmp_path / "train.py"
+    script.write_text("print()\n")
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+
+    def parse(words: list[str]) -> TrialCommand:
+        return TrialCommand.parse([torchrun if w == "torchrun" else w for w in words])
+
+    assert parse(["torchrun", "--nproc-per-node", "4", str(script)]).world_size() == 4
+    assert parse(["torchrun", "--nnodes=2", "--nproc_per_node=8", str(script)]).world_size() == 16
+    assert parse(["torchrun", "--nproc-per-node", "gpu", str(script)]).world_size(gpus=2) == 2
+    assert (
+        parse([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", str(script)]).world_size()
+        == 3
+    )
+    assert (
+        parse(["torchrun", str(script), "--nproc-per-node", "9"]).world_size() == 1
+    )  # the script's own flag
+    assert parse([str(script)]).world_size() == 1
+    with pytest.raises(InputError, match="whole numbers"):
+        parse(["torchrun", "--nnodes", "1:4", "--nproc-per-node", "2", str(script)]).world_size()
+    assert grad_accum_for(64, 4, world_size=2) == 8
+    with pytest.raises(InputError, match="cannot be shared by the trial's 3 ranks"):
+        grad_accum_for(64, 4, world_size=3)
+    with pytest.raises(InputError, match="cannot be shared"):
+        tune_spec([torchrun, "--nproc-per-node", "3", str(script)], "1GiB", global_batch=64)
+    spec = tune_spec([torchrun, "--nproc-per-node", "2", str(script)], "1GiB", global_batch=64)
+    assert spec.world_size == 2
+    one = workload_of(parse(["torchrun", "--nproc-per-node", "1", str(script)]), cpu_device(), "torch")
+    two = workload_of(parse(["torchrun", "--nproc-per-node", "2", str(script)]), cpu_device(), "torch")
+    assert two.details["ranks"] == 2 and "ranks" not in one.details and one.fingerprint != two.fingerprint

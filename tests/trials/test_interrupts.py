@@ -59,10 +59,10 @@ class CtrlCAsItStarts(RssMeter):
     """A real meter that sends this process a real SIGINT as it starts: the moment between the shim's start
     and the wait for it, where a Ctrl-C once left the trial running after its tuner had gone (CI saw it)."""
 
-    def start(self, processes, ceiling=None) -> None:
+    def start(self, processes, ceiling=None, ranks=None) -> None:
         self.shim = processes.args[0]  # type: ignore[attr-defined]  # functools.partial(descendants, pid)
         sigint()
-        super().start(processes, ceiling)
+        super().start(processes, ceiling, ranks)
 
 
 def launch(tmp_path: Path) -> Launch:

@@ -1,7 +1,8 @@
 """Installs the autotune trial runtime in every Python process of a trial whose command is not ``python …``.
 
 Only a process that counts at least one step (or runs out of memory) writes the trial's report, so helper
-Python processes of a wrapper script do not. The interpreter's own sitecustomize, if any, still runs.
+Python processes of a wrapper script (a launcher such as torchrun) do not; each rank of a multi-process job
+writes its own. An uncaught error is reported once: the exit handler that runs after it leaves the report. The interpreter's own sitecustomize, if any, still runs.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ def _install() -> None:
     previous_hook = sys.excepthook
 
     def on_uncaught(kind, error, tb):  # type: ignore[no-untyped-def]
-        if running.steps or trial.is_out_of_memory(error):
+        if running.steps or running.rank is not None or trial.is_out_of_memory(error):
             running.conclude(error)
         previous_hook(kind, error, tb)
 
     def on_exit() -> None:
-        if running.steps and not running.finished:
+        if (running.steps or running.rank is not None) and not running.finished and not running.concluded:
             running.conclude(None)
 
     sys.excepthook = on_uncaught

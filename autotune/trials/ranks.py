@@ -1,0 +1,119 @@
+"""The ranks of a multi-process trial (torchrun, or any launcher that sets ``$RANK``), seen from the tuner.
+
+Each rank runs the trial runtime on its own (autotune.runtime.trial): from its start it writes
+``progress.rank-N.json`` (its steps, pid, local rank and world size), and at its end ``report.rank-N.json``.
+This module reads them back:
+
+- :class:`RankWatch`: the pids of the ranks that have started, for the meters (each rank measured on its
+  own) — re-read until every rank of the world has started, then cached;
+- :func:`rank_failed`: a rank has reported an end other than success — the launcher then stops the whole
+  process tree at once, so no rank is left waiting in a collective for one that is gone;
+- :func:`merge_reports`: the trial's one report. One rank's out-of-memory is the trial's; a rank that
+  failed makes the trial fail with that rank's error; it completes only when every rank that started
+  completed. Its steps are the ranks' steps side by side: a step's samples are every rank's (the global
+  throughput), its time the slowest rank's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.core.errors import InputError
+from autotune.core.plans import Plan, parse_plan
+from autotune.core.protocol import (
+    Outcome,
+    RankIdentity,
+    TrialReport,
+    rank_files,
+    read_rank_identities,
+)
+
+
+class RankWatch:
+    """``watch()``: pid -> identity of each rank of the trial that has started (progress files)."""
+
+    def __init__(self, progress_path: str | Path) -> None:
+        self._path = progress_path
+        self._known: dict[int, RankIdentity] = {}
+        self._complete = False
+
+    def __call__(self) -> dict[int, RankIdentity]:
+        if not self._complete:
+            ranks = read_rank_identities(self._path)
+            self._known = {identity.pid: identity for identity in ranks.values()}
+            world = max((i.world_size for i in ranks.values()), default=0)
+            self._complete = bool(ranks) and len(ranks) >= world
+        return self._known
+
+    def identities(self) -> dict[int, RankIdentity]:
+        """By rank."""
+        return {identity.rank: identity for identity in self().values()}
+
+
+def rank_reports(report_path: str | Path) -> dict[int, TrialReport]:
+    """The reports the ranks have written so far, by rank (unreadable ones left out)."""
+    found = {}
+    for rank, path in rank_files(report_path).items():
+        try:
+            found[rank] = TrialReport.read(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def rank_failed(report_path: str | Path) -> bool:
+    """Whether a rank has reported an end other than success (its out-of-memory, its error)."""
+    return any(r.outcome is not Outcome.COMPLETE for r in rank_reports(report_path).values())
+
+
+def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdentity]) -> TrialReport:
+    """The trial's report from its ranks' (see the module docstring); ``started``: the ranks that started."""
+    ranks = sorted(set(reports) | set(started))
+    first = reports[min(reports)] if reports else None
+    world = max([i.world_size for i in started.values()] + [r.world_size or 0 for r in reports.values()])
+    failed = [r for r in ranks if r in reports and reports[r].outcome is not Outcome.COMPLETE]
+    ooms = [r for r in failed if reports[r].outcome.out_of_memory]
+    missing = [r for r in range(world) if r not in reports]
+    if ooms or failed:
+        culprit = (ooms or failed)[0]
+        outcome = reports[culprit].outcome
+        error = f"rank {culprit} of {world}: {reports[culprit].error or outcome.value}"
+    elif missing:
+        outcome = Outcome.FAILED
+        error = (
+            f"rank {missing[0]} of {world} ended without a report (killed, or it never started the script)"
+        )
+    else:
+        outcome, error = Outcome.COMPLETE, None
+    complete = [reports[r] for r in ranks if r in reports and reports[r].outcome is Outcome.COMPLETE]
+    steps = min((len(r.step_seconds) for r in complete), default=0)
+    return TrialReport(
+        outcome=outcome,
+        steps_done=min((r.steps_done for r in reports.values()), default=0),
+        step_seconds=tuple(max(r.step_seconds[i] for r in complete) for i in range(steps)),
+        step_samples=tuple(sum(r.step_samples[i] for r in complete) for i in range(steps)),
+        torch_peak_allocated=_largest(r.torch_peak_allocated for r in reports.values()),
+        torch_peak_reserved=_largest(r.torch_peak_reserved for r in reports.values()),
+        error=error,
+        plan_applied=_plans_applied(reports, world),
+        candidates=first.candidates if first else None,
+        probe=first.probe if first else None,
+        micro_batches=first.micro_batches if first else None,
+        rank=None,
+        world_size=world,
+    )
+
+
+def _largest(values: object) -> int | None:
+    known = [v for v in values if v is not None]  # type: ignore[attr-defined]
+    return max(known) if known else None
+
+
+def _plans_applied(reports: dict[int, TrialReport], world: int) -> str | None:
+    """The plan as the ranks applied it: one plan, or one per rank where they differ."""
+    if not reports or any(r not in reports or reports[r].plan_applied is None for r in range(world)):
+        return None
+    try:
+        return str(Plan.per_rank([parse_plan(reports[r].plan_applied or "none") for r in range(world)]))
+    except InputError:  # another backend's plan (ORT): as rank 0 applied it
+        return reports[0].plan_applied

@@ -1,0 +1,93 @@
+"""A data-parallel training script for autotune's multi-process tests: run it under torchrun (gloo, CPU).
+
+Each rank trains a small stack of blocks wrapped in DDP, FSDP2 (``fully_shard``) or FSDP1, with the batch size
+autotune gives it; the plan (``autotune.prepare``, or the hooks at the first forward) is applied through the
+wrapper. ``--grads FILE`` writes rank 0's loss and gradients after the first step, so a test can compare a
+plan's numbers with no plan's. ``--extra-mib R=MIB`` makes rank R hold that much more memory.
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import autotune
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).mean()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--wrap", choices=["ddp", "fsdp", "fsdp1"], default="ddp")
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--grads", default=None)
+    p.add_argument("--extra-mib", default="")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = Model(args.width, args.depth)
+    if args.wrap == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    elif args.wrap == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        model = FullyShardedDataParallel(
+            model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu")
+        )
+    model = autotune.prepare(model)
+    extra = dict(item.split("=") for item in filter(None, args.extra_mib.split(",")))
+    held = bytearray(b"\x01") * int(float(extra.get(str(rank), 0)) * 2**20)  # noqa: F841
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = args.batch_size or autotune.batch_size(default=4)
+    generator = torch.Generator().manual_seed(1 + rank)
+    for step in range(args.steps):
+        x = torch.randn(batch, args.seq, args.width, generator=generator)
+        loss = model(x)
+        loss.backward()
+        if step == 0 and args.grads:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            # FSDP2's gradients are sharded DTensors: rank 0's shards are compared
+            grads = {n: (g.to_local() if hasattr(g, "to_local") else g) for n, g in grads.items()}
+            if rank == 0:
+                torch.save({"loss": loss.detach(), "grads": grads}, args.grads)
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
