@@ -28,7 +28,7 @@ def numbers(tmp_path: Path, wrap: str, plan: str) -> dict:
     env = {**os.environ, "AUTOTUNE_PLAN": plan}
     env.pop("AUTOTUNE_TRIAL_REQUEST", None)
     subprocess.run(
-        [TORCHRUN, "--nproc-per-node", "2", SCRIPT, "--wrap", wrap, "--steps", "1", "--grads", str(out)],
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--wrap", wrap, "--steps", "1", "--grads", str(out)],
         env=env, check=True, capture_output=True, timeout=240,
     )  # fmt: skip
     return torch.load(out)
@@ -46,7 +46,7 @@ def test_a_plan_through_the_wrapper_keeps_the_numbers(tmp_path: Path, wrap: str)
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
 def test_a_trial_finds_the_blocks_through_the_wrapper(tmp_path: Path, wrap: str) -> None:
     spec = measure_spec(
-        [TORCHRUN, "--nproc-per-node", "2", SCRIPT, "--wrap", wrap],
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--wrap", wrap],
         4,
         plan="all",
         device="cpu",
