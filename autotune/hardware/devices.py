@@ -136,6 +136,11 @@ def resolve_trial_device(
     return device
 
 
+def gpus_in(spec: str) -> int:
+    """How many GPUs a device spec gives one trial (``cuda:0+1`` -> 2; ``cpu``, ``auto`` -> 1)."""
+    return len(spec.split("+")) if spec.strip().lower().startswith("cuda") else 1
+
+
 def device_groups(devices: list[str], per_trial: int) -> list[str]:
     """``--gpus-per-trial``: ``devices`` (``cuda:N`` each) in consecutive groups of ``per_trial``
     (``cuda:0+1``), one trial at a time on each group.

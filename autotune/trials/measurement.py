@@ -30,7 +30,7 @@ from autotune.core.protocol import (
     TrialReport,
     TrialRequest,
 )
-from autotune.hardware.devices import Device, resolve_device
+from autotune.hardware.devices import Device, gpus_in, resolve_device
 from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
@@ -90,8 +90,7 @@ def measure_spec(
     if global_batch is not None:
         if grad_accum is not None:
             raise InputError("give --global-batch or --grad-accum, not both")
-        gpus = len(device.split("+")) if device.startswith("cuda") else 1
-        grad_accum = grad_accum_for(global_batch, batch_size, parsed.world_size(gpus))
+        grad_accum = grad_accum_for(global_batch, batch_size, parsed.world_size(gpus_in(device)))
     return MeasureSpec(
         command=parsed,
         batch_size=batch_size,

@@ -16,6 +16,7 @@ This module reads them back:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from autotune.core.errors import InputError
@@ -104,8 +105,8 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
     )
 
 
-def _largest(values: object) -> int | None:
-    known = [v for v in values if v is not None]  # type: ignore[attr-defined]
+def _largest(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
     return max(known) if known else None
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import StorageError
+from autotune.hardware.devices import gpus_in
 from autotune.search.loop import Search, Step
 from autotune.search.reporting import Reporter
 from autotune.search.resolve import resolve
@@ -60,7 +61,7 @@ class JobWork:
     def _start(self) -> tuple[Search, bool]:
         """The job resolved here (its probe run here if no worker ran it yet) and its study opened; whether
         this call ran the probe."""
-        given = len(self.spec.device.split("+")) if self.spec.device.startswith("cuda") else 1
+        given = gpus_in(self.spec.device)
         if given != self.spec.gpus_per_trial:
             raise JobRefused(
                 f"job {self.job.study_name} runs each trial on {self.spec.gpus_per_trial} GPU(s); this worker's "

@@ -379,27 +379,26 @@ def test_each_rank_s_device_is_measured_and_ranks_sharing_one_are_summed(fake, t
     from autotune.trials.ranks import RankWatch
 
     gpus = [fake.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
-    for gpu in gpus:
-        gpu.usage_file.write_text("")
     meter = NvmlMeter(fake, gpus, ["cuda:0", "cuda:1"])
-    proc, progress = _ranks({0: gpus[0].usage_file, 1: gpus[1].usage_file}, {0: 300, 1: 100}, {0: 0, 1: 1})
-    meter.start(partial(descendants, proc.pid), ranks=RankWatch(progress))
-    proc.wait()
-    reading = meter.stop(0)
+
+    def measure_ranks(devices: dict[int, int], mib: dict[int, int]):  # rank -> GPU index, rank -> MiB
+        for gpu in gpus:
+            gpu.usage_file.write_text("")
+        for old in gpus[0].usage_file.parent.glob("progress.rank-*.json"):
+            old.unlink()
+        proc, progress = _ranks({r: gpus[d].usage_file for r, d in devices.items()}, mib, devices)
+        meter.start(partial(descendants, proc.pid), ranks=RankWatch(progress))
+        proc.wait()
+        return meter.stop(0)
+
+    reading = measure_ranks({0: 0, 1: 1}, {0: 300, 1: 100})
     assert [(r.rank, r.device, r.peak_bytes) for r in reading.ranks] == [
         (0, "cuda:0", 300 * MiB),
         (1, "cuda:1", 100 * MiB),
     ]
     assert reading.peak_bytes == 300 * MiB  # the worst device, not the sum over devices
 
-    for gpu in gpus:
-        gpu.usage_file.write_text("")
-    for name in progress.parent.glob("progress.rank-*.json"):
-        name.unlink()
-    proc, progress = _ranks({0: gpus[0].usage_file, 1: gpus[0].usage_file}, {0: 200, 1: 150}, {0: 0, 1: 0})
-    meter.start(partial(descendants, proc.pid), ranks=RankWatch(progress))
-    proc.wait()
-    reading = meter.stop(0)
+    reading = measure_ranks({0: 0, 1: 0}, {0: 200, 1: 150})  # local ranks 0 and 0: both on cuda:0
     assert [(r.rank, r.device, r.peak_bytes) for r in reading.ranks] == [
         (0, "cuda:0", 350 * MiB),
         (1, "cuda:0", 350 * MiB),
