@@ -27,10 +27,11 @@ def numbers(tmp_path: Path, wrap: str, plan: str) -> dict:
     out = tmp_path / f"{wrap}-{plan.replace(':', '_')}.pt"
     env = {**os.environ, "AUTOTUNE_PLAN": plan}
     env.pop("AUTOTUNE_TRIAL_REQUEST", None)
-    subprocess.run(
+    done = subprocess.run(
         [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--wrap", wrap, "--steps", "1", "--grads", str(out)],
-        env=env, check=True, capture_output=True, timeout=240,
+        env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out)
 
 
