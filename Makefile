@@ -1,19 +1,27 @@
 # Everything sets itself up: a virtual environment in .venv with the CPU build of torch (constraints/cpu.txt).
-#   make demo   tune the example transformer under a 1 GiB budget on the CPU, then answer from the database
+#   make demo   tune the example transformer under a 1 GiB budget on the CPU, answer, and draw it (demo-report.html)
 #   make test   run the test suite
 #   make test-compat   the model-compatibility suite (Hugging Face, torchvision, Lightning models; CI's phase)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv demo test test-scale test-ranks test-compat lint clean postgres-server
+.PHONY: venv demo test test-scale test-ranks test-compat lint clean postgres-server browser
 
 # The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
 # torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
 $(STAMP): pyproject.toml constraints/cpu.txt tests/compat/site/autotune_test_torchvision.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# The CPU build of torch: a local wheel where pip finds one (this project's machines and CI), else
+	@# PyTorch's CPU-only index: on PyPI, torch for Linux x86_64 is the CUDA build (several GB more).
+	if ! $(BIN)/python -m pip install --quiet --dry-run --no-index --no-deps -c constraints/cpu.txt torch \
+		>/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet -c constraints/cpu.txt --index-url $(TORCH_CPU_INDEX) \
+			torch torchvision; \
+	fi
 	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,ort,test]'
 	cp tests/compat/site/autotune_test_torchvision.py tests/compat/site/autotune_test_torchvision.pth \
 		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -24,6 +32,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/autotune run --budget 1GiB --trials 10 examples/gpt.py
 	$(BIN)/autotune best --budget 1GiB --json examples/gpt.py
+	$(BIN)/autotune report --output demo-report.html --png
 
 # The storage tests start their own PostgreSQL server on loopback; they need its binaries (Debian's
 # postgresql package), installed here when missing and we are root (as on CI), else they are skipped.
@@ -33,13 +42,21 @@ postgres-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	else echo "no PostgreSQL server binaries: the PostgreSQL tests will be skipped (apt-get install postgresql)"; fi
 
+# The report test opens `autotune report`'s HTML in a headless Chromium (Debian's package), installed here
+# when missing and we are root (as on CI), else that test is skipped with the reason.
+browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "no Chromium: the report's browser test will be skipped (apt-get install chromium)"; fi
+
 # Tests on two pytest-xdist workers (TEST_WORKERS=0: in this process), all but the `scale` ones (dozens of
 # worker processes for minutes: `make test-scale` runs them alone) and the `compat` ones (real Hugging
 # Face, torchvision and Lightning models for minutes: `make test-compat`); CI runs each phase. No test compares
 # speeds: those are benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest
 # exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2
-test: $(STAMP) postgres-server
+test: $(STAMP) postgres-server browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale and not compat and not ranks" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 

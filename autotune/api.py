@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from autotune.hardware.doctor import Check
     from autotune.results.best import BestAnswer
     from autotune.results.listing import StudyReport, StudySummary
+    from autotune.results.report import Written
     from autotune.search.reporting import Reporter
     from autotune.search.spec import TuneResult, TuneSpec
     from autotune.storage import JobRow
@@ -176,6 +177,34 @@ def show(study: str, *, storage: str | None = None, cache_dir: Path | None = Non
     from autotune.results.listing import show as show_study
 
     return show_study(open_default(storage, cache_dir), study)
+
+
+def report(
+    study: str | None,
+    out: Path | None = None,
+    *,
+    png: bool = False,
+    storage: str | None = None,
+    cache_dir: Path | None = None,
+) -> Written:
+    """Write STUDY's HTML report (the most recent study's without one) to ``out`` (default: ``<study>.html``
+    here) and, with ``png``, its Pareto plot beside it as ``<out>.png``.
+
+    Raises:
+        InputError: no such study, or none stored. StorageError: the database.
+    """
+    from autotune.core.errors import InputError
+    from autotune.results.best import open_default
+    from autotune.results.report import write_report
+
+    store = open_default(storage, cache_dir)
+    if study is None:
+        rows = store.studies()
+        if not rows:
+            raise InputError(f"no study in {store.display_url}: run autotune run first")
+        study = rows[-1].study_name
+    out = out if out is not None else Path(f"{study}.html")
+    return write_report(store, study, out, out.with_suffix(".png") if png else None)
 
 
 def submit(spec: TuneSpec) -> JobRow:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 VERSION_TABLE = "autotune_alembic_version"  # Optuna's own migrations use "alembic_version"
 
 metadata = sa.MetaData()

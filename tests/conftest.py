@@ -275,3 +275,18 @@ def signal_as_a_trial_starts(
     before = set(trial_pids(cache, started_by))
     wait_for(lambda: set(trial_pids(cache, started_by)) - before)
     proc.send_signal(sig)
+
+
+def synthetic_study(cache: Path, plans: str, *script_args: str) -> str:
+    """A real study of the synthetic script for the report and rendering tests: every configuration of batch
+    sizes 8 and 16 x ``plans`` under 200 MiB, measured (``--exhaustive``); returns its name."""
+    proc = subprocess.run(
+        [
+            AUTOTUNE, "run", "--json", "--exhaustive", "--device", "cpu", "--budget", "200MiB",
+            "--batch-sizes", "8,16", "--plans", plans, "--cache-dir", str(cache),
+            "--", "python", str(SYNTHETIC), *script_args,
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["study"]

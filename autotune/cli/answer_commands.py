@@ -10,6 +10,7 @@ import click
 from autotune import api
 from autotune.cli.main import cli, quiet_optuna
 from autotune.cli.options import AS_JSON, BACKEND, COMMAND, cache_dir_option, storage_option
+from autotune.results.formats import FORMATS
 
 DEFAULT_DB = cache_dir_option("Where the default database lives.")
 
@@ -23,11 +24,14 @@ DEFAULT_DB = cache_dir_option("Where the default database lives.")
     "--global-batch", type=int, help="The global batch the plan was tuned for (run --global-batch)."
 )
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print JSON (batch_size, plan, peak_bytes, samples_per_sec, ...)."
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    help="Print the answer as: env (shell exports for a script using autotune's API), json, hf (Hugging Face "
+    "TrainingArguments), lightning (Trainer arguments), torchrun (the run's own command, filled in).",
 )
-@click.option(
-    "--env", "as_env", is_flag=True, help="Print shell exports to train with the plan outside autotune."
-)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--env", "as_env", is_flag=True, help="Same as --format env.")
 @BACKEND
 @storage_option()
 @DEFAULT_DB
@@ -38,6 +42,7 @@ def best(
     device: str,
     global_batch: int | None,
     backend: str,
+    fmt: str | None,
     as_json: bool,
     as_env: bool,
     storage: str | None,
@@ -62,7 +67,7 @@ def best(
         environ=os.environ,
         global_batch=global_batch,
     )
-    render.best(console(), answer, as_json, as_env)
+    render.best(console(), answer, fmt or ("json" if as_json else "env" if as_env else None))
 
 
 @cli.command()
@@ -90,3 +95,30 @@ def show(study: str, as_json: bool, storage: str | None, cache_dir: Path | None)
 
     quiet_optuna()
     render.show(console(), api.show(study, storage=storage, cache_dir=cache_dir), as_json)
+
+
+@cli.command()
+@click.argument("study", required=False)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The HTML file to write (default: STUDY.html in this directory).",
+)
+@click.option("--png", is_flag=True, help="Also write the memory-speed plot as a PNG beside the HTML file.")
+@storage_option()
+@DEFAULT_DB
+def report(
+    study: str | None, output: Path | None, png: bool, storage: str | None, cache_dir: Path | None
+) -> None:
+    """Write one self-contained HTML file about STUDY (the most recent without one): the memory-speed plot
+    with the budget and the winner, the answer for your framework, every trial, the probe's predictions
+    against the measured savings, and Optuna's own plots. It opens offline; send it to a colleague."""
+    from autotune.cli.console import console
+
+    quiet_optuna()
+    written = api.report(study, output, png=png, storage=storage, cache_dir=cache_dir)
+    out = console()
+    out.print(f"wrote {written.html} ({written.trials} trials plotted)", markup=False)
+    if written.png is not None:
+        out.print(f"wrote {written.png}", markup=False)

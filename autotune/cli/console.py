@@ -6,49 +6,83 @@ rich handles terminal width, colour and non-terminal output (CI logs get plain l
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.status import Status
+from rich.table import Table
+from rich.text import Text
 
+from autotune.cli.fit import PlanNames, clip, first_line, plan_width
+from autotune.cli.tables import outcome_text, prediction_error
 from autotune.core.budget import format_bytes
 from autotune.search.records import TrialRecord
 
 
 class ConsoleReporter:
-    """A line per finished trial, and a status line with steps and seconds for the running one."""
+    """A line per finished trial, and a live status line: the running trial's steps and seconds, and the
+    whole run's trials, time, best so far and what the stop rule says is left. Everything fits the width."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
+        self.names = PlanNames(plan_width(console.width))
         self.status: Status | None = None
         self.label = ""
+        self.started = time.monotonic()
+        self.counted = 0
+        self.target: int | None = None
+        self.contenders: int | None = None
+        self.best: TrialRecord | None = None
+        self.legend_shown: str | None = None
 
     def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
-        self.label = f"trial {number if number >= 0 else '-'}: batch {batch_size}, plan {plan} ({why})"
+        name = f"trial {number}" if number >= 0 else "probe"
+        self.label = f"{name}: {batch_size} x {self.names(plan)}" + ("" if number < 0 else f" ({why})")
         if self.console.is_terminal:
-            self.status = self.console.status(self.label)
+            self.status = self.console.status(self._status_text(0, 0.0))
             self.status.start()
 
     def trial_progress(self, steps: int, elapsed: float) -> None:
         if self.status is not None:
-            self.status.update(f"{self.label}: {steps} steps, {elapsed:.0f}s")
+            self.status.update(self._status_text(steps, elapsed))
+
+    def searching(self, counted: int, target: int, contenders: int | None) -> None:
+        self.counted, self.target, self.contenders = counted, target, contenders
+
+    def _status_text(self, steps: int, elapsed: float) -> str:
+        """The run first (what a clip at a narrow width must keep), then the running trial."""
+        run = [f"{self.counted} of ≤{self.target} trials" if self.target else "starting"]
+        run.append(_duration(time.monotonic() - self.started))
+        if self.best is not None and self.best.samples_per_sec:
+            run.append(f"best {self.best.samples_per_sec:,.1f}/s")
+        if self.contenders is not None:
+            run.append(f"{self.contenders} may beat it")
+        text = f"{', '.join(run)} | {self.label}, {steps} steps, {elapsed:.0f}s"
+        return clip(text, self.console.width - 3)  # the spinner's room
 
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
         self._stop_status()
-        best_text = (
-            f"best {best.samples_per_sec:,.1f}/s (#{best.number})"
-            if best and best.samples_per_sec
-            else "best -"
-        )
-        self.console.print(f"{trial_line(record)}  {best_text}", highlight=False)
+        self.best = best
+        best_text = f"best #{best.number}" if best is not None and best.samples_per_sec else ""
+        self.console.print(trial_line(record, self.console.width, self.names, best_text), highlight=False)
+        self._legend()
 
     def skipped(self, record: TrialRecord) -> None:
-        self.console.print(f"{trial_line(record)}", style="dim", highlight=False)
+        self.console.print(trial_line(record, self.console.width, self.names), style="dim", highlight=False)
+        self._legend()
 
     def note(self, text: str) -> None:
         self._stop_status()
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, markup=False, soft_wrap=False)  # wrapped at words
+
+    def _legend(self) -> None:
+        legend = self.names.legend()
+        if legend and legend != self.legend_shown:
+            self.console.print(clip(legend, self.console.width), style="dim", highlight=False)
+            self.legend_shown = legend
 
     def _stop_status(self) -> None:
         if self.status is not None:
@@ -56,13 +90,49 @@ class ConsoleReporter:
             self.status = None
 
 
-def trial_line(r: TrialRecord) -> str:
-    peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
-    predicted = f" (pred {format_bytes(r.predicted_peak_bytes)})" if r.predicted_peak_bytes else ""
-    speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
-    outcome = r.outcome or r.kind
+def _home(path: str) -> str:
+    home = os.path.expanduser("~")
+    return "~" + path[len(home) :] if home != "/" and path.startswith(home + "/") else path
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def trial_line(r: TrialRecord, width: int = 100, names: PlanNames | None = None, tail: str = "") -> str:
+    """One trial on one line of at most ``width`` columns: ``trial 12  16x4  Block:1  fits  268.57 MiB
+    (pred +3%)  188.8 samples/s``; a failure's first line is clipped so that its log's path stays whole."""
+    names = names or PlanNames(width)
     batch = f"{r.batch_size}x{r.grad_accum}" if r.grad_accum else str(r.batch_size)
-    return f"trial {r.number:>3}  batch {batch:>5}  {r.plan!s:<24} peak {peak}{predicted}  {speed}  {outcome}"
+    head = f"trial {r.number:>3}  {batch:>5}  {names(r.plan):<{min(names.width, 16)}}"
+    if r.error or (r.outcome is not None and r.outcome.value in ("failed", "timeout")):
+        log = f"  log: {_home(r.log_dir)}" if r.log_dir else ""
+        message = f"{r.outcome or r.kind}: {first_line(r.error)}"
+        room = width - len(head) - len(log) - 2
+        if room < 16:  # the path is what lets the user read the rest: it stays whole, even past the width
+            message = str(r.outcome or r.kind)
+            room = len(message)
+        return f"{head}  {clip(message, room)}{log}"
+    peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else "-"
+    error = prediction_error(r)
+    predicted = f" (pred {error})" if error else ""
+    speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
+    outcome = outcome_text(r, None) if r.outcome is not None else str(r.kind)
+    line = f"{head}  {outcome:<8} {peak:>10}{predicted}  {speed}"
+    if tail:
+        line += f"  {tail}"
+    return clip(line, width)
+
+
+def key_value_grid(rows: Sequence[tuple[str, str]]) -> Table:
+    """Keys and values in two columns; a long value wraps at words under itself, never under its key."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value in rows:
+        grid.add_row(Text(key), Text(value))
+    return grid
 
 
 def key_values(rows: Sequence[tuple[str, str]]) -> str:
@@ -76,15 +146,11 @@ def as_json(data: Any) -> str:
 
 def console(stderr: bool = False) -> Console:
     """Results go to stdout; progress (trial lines, the live status) to stderr, so --json stays parseable.
-    Logs and pipes get 120 columns, not rich's 80: the trial table should not lose its last column there."""
+    Logs and pipes get $COLUMNS, else 120 columns rather than rich's 80."""
     return Console(
         highlight=False,
         emoji=False,  # a plan or an argument like "48:A:1" is text, never ":a:" drawn as an emoji
         soft_wrap=True,
         stderr=stderr,
-        width=None if Console(stderr=stderr).is_terminal else 120,
+        width=None if Console(stderr=stderr).is_terminal or os.environ.get("COLUMNS") else 120,
     )
-
-
-def signed_bytes(size: float) -> str:
-    return ("-" if size < 0 else "") + format_bytes(abs(size))

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import shlex
+import shutil
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.console import as_json, key_values
+from autotune.cli.console import as_json, key_value_grid
+from autotune.cli.fit import PlanNames, plan_width
 from autotune.cli.tables import checks_table, not_run_line, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
 from autotune.core.stats import Interval
+from autotune.search.records import TrialKind, TrialRecord
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
     from autotune.results.best import BestAnswer
@@ -26,21 +32,20 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
     if as_json_flag:
         out.print(as_json_text(result), markup=False)
         return
+    names = PlanNames(plan_width(out.width))
     if not result.cached:
-        out.print(trials_table(result.records, result.limit_bytes))
-        for line in (not_run_line(result.records), prediction_summary(result.records)):
+        table, below = trials_table(result.records, result.limit_bytes, out.width, names)
+        out.print(table)
+        for line in (*below, not_run_line(result.records), prediction_summary(result.records)):
             if line:
-                out.print(line)
+                out.print(line, markup=False, soft_wrap=False)  # prose: wrapped at words, never cut
         if result.stopped:
-            out.print(result.stopped, markup=False)
+            out.print(result.stopped, markup=False, soft_wrap=False)
     out.print(
-        key_values(
+        key_value_grid(
             [
                 ("study", f"{result.study_name} ({result.storage})"),
-                (
-                    "trials",
-                    f"{sum(r.counted for r in result.records)} counted, {result.new_trials} new in this run",
-                ),
+                ("trials", trials_text(result.records, result.new_trials)),
                 ("batch size", _batch_text(best.batch_size, result.grad_accum, result.global_batch)),
                 ("plan", best.plan),
                 (
@@ -54,7 +59,11 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
         markup=False,
     )
     hint = best_command(command, budget, result.global_batch)
+    exe = autotune_executable().split()  # `python -m autotune` stays three words
+    formats = shlex.join([*exe, "best", "--study", result.study_name, "--format", "hf"])
     out.print(f'\nuse it:  eval "$({hint})"', markup=False)
+    out.print(f"         {formats}  # or lightning, torchrun", markup=False)
+    out.print(f"see it:  {shlex.join([*exe, 'report', result.study_name])}", markup=False)
 
 
 def _batch_text(batch_size: int, grad_accum: int | None, global_batch: int | None) -> str:
@@ -70,15 +79,50 @@ def speed_text(speed: Interval, readings: int | None) -> str:
     return f"{speed.mid:,.1f} samples/s ({speed.low:,.1f}-{speed.high:,.1f}{over})"
 
 
+def trials_text(records: Sequence[TrialRecord], new: int) -> str:
+    """What the trial counts are: ``4 configurations measured, counted toward --trials; 4 re-measurements of
+    the leaders, to verify the winner; 5 of the measurements (the probe included) ran in this run``."""
+    counted = sum(r.counted for r in records)
+    again = sum(r.kind is TrialKind.VERIFICATION for r in records)
+    warm = sum(r.kind is TrialKind.WARM_START for r in records)
+    parts = [f"{counted} configurations measured, counted toward --trials"]
+    if again:
+        parts.append(f"{again} re-measurement{'s' if again > 1 else ''} of the leaders, to verify the winner")
+    if warm:
+        parts.append(f"{warm} taken from the studies of other budgets")
+    parts.append(f"{new} of the measurements (the probe included) ran in this run")
+    return "; ".join(parts)
+
+
+def autotune_executable() -> str:
+    """How to call autotune again from this shell: ``autotune`` when that is this autotune on the PATH, else
+    the path of this one (``.venv/bin/autotune`` after ``make``, whose environment is not activated)."""
+    ours = (
+        Path(sys.argv[0])
+        if Path(sys.argv[0]).name == "autotune"
+        else Path(sys.executable).with_name("autotune")
+    )
+    found = shutil.which("autotune")
+    if found is not None and Path(found).resolve() == ours.resolve():
+        return "autotune"
+    if not ours.exists():
+        return f"{sys.executable} -m autotune"
+    try:
+        return str(ours.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(ours)
+
+
 def best_command(command: Sequence[str], budget: str, global_batch: int | None = None) -> str:
     """The `autotune best ... --env` line for a run's command (options before the script's own `--`)."""
-    words = ["autotune", "best", "--budget", budget, "--env"]
+    words = [autotune_executable(), "best", "--budget", budget, "--env"]
     if global_batch is not None:
         words += ["--global-batch", str(global_batch)]
     if command[0].endswith(".py"):  # SCRIPT [-- ARGS]
         words.append(command[0])
         command = command[1:]
-    return shlex.join([*words, "--", *command] if command else words)
+    line = shlex.join([*words, "--", *command] if command else words)
+    return line.replace(shlex.quote(words[0]), words[0], 1)  # `python -m autotune` stays three words
 
 
 def as_json_text(result: TuneResult) -> str:
@@ -104,16 +148,15 @@ def as_json_text(result: TuneResult) -> str:
     )
 
 
-def best(out: Console, answer: BestAnswer, as_json_flag: bool, as_env: bool) -> None:
-    if as_env:
-        for name, value in answer.env().items():
-            out.print(f"export {name}={shlex.quote(value)}", markup=False)
-        return
-    if as_json_flag:
-        out.print(as_json(answer.to_dict()), markup=False)
+def best(out: Console, answer: BestAnswer, fmt: str | None) -> None:
+    """The answer as a table for people, or in ``fmt`` (autotune.results.formats) for a tool or a paste."""
+    if fmt is not None:
+        from autotune.results import formats
+
+        out.print(formats.render(answer, fmt), markup=False, soft_wrap=True)
         return
     out.print(
-        key_values(
+        key_value_grid(
             [
                 ("study", answer.study),
                 ("script", answer.script),
@@ -130,18 +173,36 @@ def best(out: Console, answer: BestAnswer, as_json_flag: bool, as_env: bool) -> 
 
 
 def studies(out: Console, summaries: Sequence[StudySummary]) -> None:
-    table = Table()
-    for column in ("study", "script", "budget", "trials", "best samples/s", "state"):
-        table.add_column(column)
-    for s in summaries:
-        table.add_row(
+    """One line per study; the script (the one cell that may be long) last, cut at its start so the file
+    name stays."""
+    rows = [
+        [
             s.name,
-            s.script,
             format_bytes(s.budget_bytes) if s.budget_bytes else s.budget_text,
             str(s.trials),
             f"{s.best_samples_per_sec:,.1f}" if s.best_samples_per_sec else "-",
             str(s.state),
+            s.script,
+        ]
+        for s in summaries
+    ]
+    columns = ("study", "budget", "trials", "samples/s", "state", "script")  # samples/s: the winner's
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    room = max(out.width - sum(w + 3 for w in widths[:-1]) - 1, 10)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for i, column in enumerate(columns):
+        numeric = column in ("budget", "trials", "samples/s")
+        last = column == "script"
+        table.add_column(
+            column,
+            justify="right" if numeric else "left",
+            no_wrap=True,
+            min_width=None if last else widths[i],
+            max_width=room if last else None,
         )
+    for r in rows:
+        r[-1] = r[-1] if len(r[-1]) <= room else "…" + r[-1][-(room - 1) :]
+        table.add_row(*r)
     out.print(table)
 
 
@@ -164,7 +225,9 @@ def show(out: Console, report: StudyReport, as_json_flag: bool) -> None:
         return
     out.print(
         f"study {row.study_name}: {row.script}, budget {format_bytes(row.budget_bytes)} "
-        f"(limit {format_bytes(limit)})"
+        f"(limit {format_bytes(limit)}: the budget less headroom)",
+        markup=False,
+        soft_wrap=False,
     )
     if report.best is not None:
         best = report.best
@@ -172,10 +235,16 @@ def show(out: Console, report: StudyReport, as_json_flag: bool) -> None:
             f"best: batch {best.batch_size}, plan {best.plan}: {speed_text(best.throughput, best.readings)}, "
             f"verified peak {format_bytes(best.verified_peak_bytes)}",
             markup=False,
+            soft_wrap=False,
         )
-    out.print(trials_table(records, limit, workers=True))
-    for line in (not_run_line(records), prediction_summary(records)):
+    names = PlanNames(plan_width(out.width))
+    table, below = trials_table(records, limit, out.width, names, workers=True)
+    out.print(table)
+    for line in (*below, not_run_line(records), prediction_summary(records)):
         if line:
-            out.print(line)
+            out.print(line, markup=False, soft_wrap=False)  # prose: wrapped at words, never cut
     if checks:
-        out.print(checks_table(checks))
+        checks_shown, notes = checks_table(checks, names)
+        out.print(checks_shown)
+        for line in notes:
+            out.print(line, markup=False, soft_wrap=False)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.table import Table
 
-from autotune.cli.console import signed_bytes
+from autotune.cli.fit import PlanNames, clip, first_line, signed_bytes
 from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
 from autotune.search.records import TrialKind, TrialRecord
@@ -18,39 +18,98 @@ if TYPE_CHECKING:
     from autotune.results.listing import PlanCheck
 
 
-def trials_table(records: Sequence[TrialRecord], limit: int | None = None, workers: bool = False) -> Table:
-    """Every trial that ran (skipped and copied proposals are only counted: see not_run_line); with
-    ``workers``, which worker (host:pid) and device ran each one."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = ("#", "batch", "plan", "outcome", "peak", "predicted", "samples/s", "note")
-    for column in columns[:-1] + (("worker",) if workers else ()) + columns[-1:]:
-        numeric = column in ("#", "batch", "peak", "predicted", "samples/s")
-        table.add_column(column, justify="right" if numeric else "left", no_wrap=column != "note")
-    for r in records:
-        if r.kind in (TrialKind.SKIPPED, TrialKind.COPY):
-            continue
-        fits = "" if limit is None or not r.measured else (" ok" if r.fits(limit) else " over")
-        predicted = ""
-        if r.peak_bytes and r.predicted_peak_bytes:
-            error = (r.predicted_peak_bytes - r.peak_bytes) / r.peak_bytes
-            predicted = f"{format_bytes(r.predicted_peak_bytes)} {error:+.0%}"
-        note = r.note or r.error or ""
-        if r.kind not in (TrialKind.MEASURED, TrialKind.VERIFICATION):
-            note = f"{r.kind}: {note}" if note else str(r.kind)
-        cells = [
-            str(r.number),
-            str(r.batch_size),
-            r.plan or "",
-            f"{r.outcome or r.state.lower()}{fits}",
-            format_bytes(r.peak_bytes) if r.peak_bytes is not None else "",
-            predicted,
-            f"{r.samples_per_sec:,.1f}" if r.samples_per_sec else "",
-        ]
-        if workers:
-            host_pid = ":".join((r.worker or "").split(":")[:2])
-            cells.append(f"{host_pid} {r.device}" if r.device else host_pid)
-        table.add_row(*cells, note)
-    return table
+def outcome_text(r: TrialRecord, limit: int | None) -> str:
+    """How a trial ended, in one word or two: ``fits`` / ``over limit`` for a complete trial (over the
+    budget less headroom), else its outcome (``over-budget``: stopped as it passed the budget)."""
+    if r.outcome is Outcome.COMPLETE and limit is not None and r.peak_bytes is not None:
+        return "fits" if r.fits(limit) else "over limit"
+    return str(r.outcome or r.state.lower())
+
+
+def prediction_error(r: TrialRecord) -> str:
+    """The memory model's error on this trial's peak, ``+27%`` (predicted above the measured peak)."""
+    if not (r.peak_bytes and r.predicted_peak_bytes):
+        return ""
+    return f"{(r.predicted_peak_bytes - r.peak_bytes) / r.peak_bytes:+.0%}"
+
+
+def trial_note(r: TrialRecord) -> str:
+    note = r.note or first_line(r.error)
+    if r.kind not in (TrialKind.MEASURED, TrialKind.VERIFICATION):
+        note = f"{r.kind}: {note}" if note else str(r.kind)
+    return note
+
+
+NOTE_MIN = 24  # narrower than this, notes go below the table, one line each
+
+
+def trials_table(
+    records: Sequence[TrialRecord],
+    limit: int | None,
+    width: int,
+    names: PlanNames,
+    workers: bool = False,
+) -> tuple[Table, list[str]]:
+    """Every trial that ran (skipped and copied proposals are only counted: see not_run_line), one line each,
+    fitting ``width`` columns, and the lines to print under it: notes that did not fit, where the trials ran
+    when one worker ran them all, and what each failed trial's log is. With ``workers``, which worker
+    (host:pid) and device ran each one."""
+    shown = [r for r in records if r.kind not in (TrialKind.SKIPPED, TrialKind.COPY)]
+    ran_on = {_worker(r) for r in shown if r.worker}
+    worker_column = workers and len(ran_on) > 1
+    rows = []
+    for r in shown:
+        row = {
+            "#": str(r.number),
+            "batch": f"{r.batch_size}x{r.grad_accum}" if r.grad_accum else str(r.batch_size),
+            "plan": names(r.plan),
+            "outcome": outcome_text(r, limit),
+            "peak": format_bytes(r.peak_bytes) if r.peak_bytes is not None else "",
+            "pred.": prediction_error(r),
+            "samples/s": f"{r.samples_per_sec:,.1f}" if r.samples_per_sec else "",
+        }
+        if worker_column:
+            row["worker"] = _worker(r)
+        row["note"] = trial_note(r)
+        rows.append(row)
+    columns = (
+        list(rows[0]) if rows else ["#", "batch", "plan", "outcome", "peak", "pred.", "samples/s", "note"]
+    )
+    widths = {c: max([len(c), *(len(row[c]) for row in rows)]) for c in columns}
+    # each column costs its width, its padding and a separator
+    fixed = sum(widths[c] + 3 for c in columns if c != "note")
+    note_room = width - fixed - 1
+    below: list[str] = []
+    if note_room < NOTE_MIN:  # the notes go under the table, by trial number: every other column stays whole
+        columns.remove("note")
+        below += [clip(f"trial {row['#']}: {row['note']}", width) for row in rows if row["note"]]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in columns:
+        numeric = column in ("#", "batch", "peak", "pred.", "samples/s")
+        table.add_column(
+            column,
+            justify="right" if numeric else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=None if column == "note" else widths[column],
+            max_width=max(note_room, 4) if column == "note" else None,
+        )
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    if workers and len(ran_on) == 1:
+        below.append(f"every trial ran on {next(iter(ran_on))}")
+    for r in shown:
+        if r.error and r.log_dir:
+            below.append(clip(f"trial {r.number}'s log: {r.log_dir}", max(width, len(r.log_dir) + 20)))
+    legend = names.legend()
+    if legend:
+        below.append(legend)
+    return table, below
+
+
+def _worker(r: TrialRecord) -> str:
+    host_pid = ":".join((r.worker or "").split(":")[:2])
+    return f"{host_pid} {r.device}" if r.device else host_pid
 
 
 def not_run_line(records: Sequence[TrialRecord]) -> str | None:
@@ -58,10 +117,11 @@ def not_run_line(records: Sequence[TrialRecord]) -> str | None:
     copies = sum(r.kind is TrialKind.COPY for r in records)
     if not skipped and not copies:
         return None
-    return (
-        f"not run: {skipped} sampler proposal(s) the memory model predicted cannot fit, "
-        f"{copies} re-proposal(s) of a measured configuration"
-    )
+    parts = [
+        f"{skipped} proposal(s) the memory model predicted cannot fit" if skipped else "",
+        f"{copies} re-proposal(s) of a configuration measured already" if copies else "",
+    ]
+    return "not run: " + ", ".join(p for p in parts if p)
 
 
 def prediction_summary(records: Sequence[TrialRecord]) -> str | None:
@@ -82,13 +142,22 @@ def prediction_summary(records: Sequence[TrialRecord]) -> str | None:
     )
 
 
-def checks_table(checks: Sequence[PlanCheck]) -> Table:
-    """The honesty check: each plan's saving per sample, as the probe predicted it and as measured."""
+def checks_table(checks: Sequence[PlanCheck], names: PlanNames) -> tuple[Table, list[str]]:
+    """The honesty check: each plan's saving per sample, as the probe predicted it and as measured; and,
+    when a plan is flagged, what the flag means and what to do about it."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="plan savings per sample: probe vs trials")
     for column in ("plan", "predicted", "measured", "check"):
-        table.add_column(column, justify="left" if column in ("plan", "check") else "right")
+        table.add_column(column, justify="left" if column in ("plan", "check") else "right", no_wrap=True)
     for c in checks:
         measured = signed_bytes(c.measured) if c.measured is not None else "not measured"
         verdict = "FAR FROM PREDICTION" if c.flagged else ("ok" if c.measured is not None else "")
-        table.add_row(c.plan, signed_bytes(c.predicted), measured, verdict)
-    return table
+        table.add_row(names(c.plan), signed_bytes(c.predicted), measured, verdict)
+    below = []
+    if any(c.flagged for c in checks):
+        below.append(
+            "FAR FROM PREDICTION: the saving measured is more than 25% away from the probe's. The search goes "
+            "by measured peaks, so the answer stands; only the probe's estimate for that plan is not to be "
+            "trusted (memory the probe cannot see, such as workspaces). `autotune report` shows the trials "
+            "behind each measured saving."
+        )
+    return table, below

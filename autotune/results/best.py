@@ -45,6 +45,9 @@ class BestAnswer:
     samples_per_sec_high: float | None = None
     readings: int | None = None  # how many readings it pools
     grad_accum: int | None = None  # micro-batches per optimizer step (a global batch, or --grad-accum)
+    command: tuple[str, ...] = ()  # the workload's command template, or the script's arguments
+    template: bool = False  # whether ``command`` is a template ({batch_size}) rather than script arguments
+    outermost: tuple[str, ...] = ()  # the probe's outermost repeated classes (the model's blocks)
 
     @property
     def throughput(self) -> Interval:
@@ -100,8 +103,13 @@ def best(
     answer = _best(store, command, budget, study, device, env, backend, global_batch)
     row = store.study(answer.study)
     workload = store.workload(row.fingerprint) if row is not None else None
+    details = workload.details if workload is not None else {}
+    probe = ((workload.discovery or {}).get("probe") or {}) if workload is not None else {}
     return dataclasses.replace(
         answer,
+        command=tuple(details.get("command") or ()),
+        template=bool(details.get("is_template")),
+        outermost=tuple(c["cls"] for c in probe.get("candidates", ()) if c.get("outermost")),
         backend=Backend.parse(workload.backend) if workload is not None else Backend.TORCH,
         fingerprint=row.fingerprint if row is not None else "",
         cache=str(cache_dir(cache)),

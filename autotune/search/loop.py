@@ -36,7 +36,13 @@ from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
 from autotune.search.memory_model import MemoryModel
-from autotune.search.optuna_trials import ask_fixed, distributions, records_of, tell_result
+from autotune.search.optuna_trials import (
+    ask_fixed,
+    distributions,
+    records_of,
+    set_memory_constraint,
+    tell_result,
+)
 from autotune.search.propose import Finished, Proposal, hopeless, model_of, predict_peak, propose, speed_of
 from autotune.search.records import TrialKind, TrialRecord, best_record, constraint_mib
 from autotune.search.recovery import Recovery
@@ -155,6 +161,7 @@ class Search:
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
             return Step.BUSY
+        self.reporter.searching(counted, self.target, proposal.contenders if proposal is not None else None)
         step = self._proposed(proposal) if proposal is not None else self._sample(records, model)
         if step is not Step.RAN:  # nothing was measured: the slot is free again
             self.store.forget_slot(self.name, slot)
@@ -164,6 +171,7 @@ class Search:
         if self.stopped is None:
             self.stopped = reason
             self.reporter.note(reason)
+            self.reporter.searching(sum(r.counted for r in records_of(self.study)), self.target, 0)
 
     def _check_hopeless(self, records: list[TrialRecord], model: MemoryModel) -> None:
         """End a hopeless search before another trial: the probe's fixed memory alone passes the limit, or
@@ -266,7 +274,7 @@ class Search:
             trial.set_user_attr(name, value.value if isinstance(value, Outcome) else value)
         if same.measured and same.peak_bytes is not None:
             complete = same.outcome is Outcome.COMPLETE
-            trial.set_constraint("memory", constraint_mib(same.peak_bytes, self.limit, complete))
+            set_memory_constraint(trial, constraint_mib(same.peak_bytes, self.limit, complete))
             self.study.tell(trial, same.samples_per_sec or 0.0)
         else:
             self.study.tell(trial, state=TrialState.FAIL)

@@ -19,6 +19,23 @@ from autotune.trials.result import TrialResult
 warnings.filterwarnings("ignore", message="PartialFixedSampler is experimental", category=ExperimentalWarning)
 
 
+# The memory constraint is stored in Optuna's list form, system attribute ``constraints`` = [MiB over the limit],
+# not through ``Trial.set_constraint`` (``constraints:memory``): optuna-dashboard reads only the list form and
+# showed out-of-memory trials as feasible. Optuna reads the list as constraint "0"; writing both forms would give
+# every trial two constraints, and the constraint's violation would count twice in TPE's feasibility model.
+CONSTRAINTS_ATTR = "constraints"
+
+
+def constraint_attrs(mib: float) -> dict[str, list[float]]:
+    """The system attributes that carry a trial's memory constraint (<= 0: feasible)."""
+    return {CONSTRAINTS_ATTR: [mib]}
+
+
+def set_memory_constraint(trial: optuna.Trial, mib: float) -> None:
+    """Set a running trial's memory constraint, before it is told (the samplers read it then)."""
+    trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [mib])
+
+
 def records_of(study: optuna.Study) -> list[TrialRecord]:
     return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
 
@@ -66,16 +83,18 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
     a finished measurement is never dropped for a transient error. If another worker failed the trial
     meanwhile (it took this worker for dead), the measurement is added as a trial of its own."""
     attrs = _measurement(result)
-    constraints: dict[str, float] = {}
+    constraint: dict[str, list[float]] = {}
     value, state = None, TrialState.FAIL
     if result.outcome is Outcome.COMPLETE or result.outcome.out_of_memory:
-        constraints["memory"] = constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
+        constraint = constraint_attrs(
+            constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
+        )
         value, state = result.samples_per_sec or 0.0, TrialState.COMPLETE
     try:
         for name, attr in attrs.items():
             trial.set_user_attr(name, attr)
-        for name, constraint in constraints.items():
-            trial.set_constraint(name, constraint)
+        for name, mibs in constraint.items():
+            trial.storage.set_trial_system_attr(trial._trial_id, name, mibs)
         study.tell(trial, value, state=state, skip_if_finished=True)
     except UpdateFinishedTrialError:  # failed as stale, or a retried tell whose first attempt committed
         pass
@@ -93,8 +112,10 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
                 "note": f"late result of trial {stored.number}, failed as stale",
             },
             # the sampler's own attributes; the constraint is this measurement's, whether or not it was set
-            system_attrs={k: v for k, v in stored.system_attrs.items() if not k.startswith("constraints:")},
-            constraints=constraints,
+            system_attrs={
+                **{k: v for k, v in stored.system_attrs.items() if not k.startswith(CONSTRAINTS_ATTR)},
+                **constraint,
+            },
         )
     )
 

@@ -23,7 +23,7 @@ or the budget is hopeless. No Optuna, no database.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.core.budget import format_bytes
 from autotune.core.plans import parse_plan
@@ -42,6 +42,9 @@ class Proposal:
     batch_size: int
     plan: str
     why: str  # "calibration", "frontier", "candidate"
+    # configurations (this one included) the models say could still beat the incumbent: the stop rule's view
+    # of what is left; None while calibrating or past the frontier of an exhaustive search
+    contenders: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -147,11 +150,12 @@ def propose(
     # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
     # what rules the recompute plans in or out.
     first = next((c for c in untried if c[1] == space.uniform_plans[0]), None)
+    contenders = sum(worth(c) for c in {*candidates, *([first] if first else [])})
     if first is not None and worth(first):
-        return Proposal(*first, "frontier")
+        return Proposal(*first, "frontier", contenders)
     best = max(candidates, key=promise, default=None)
     if best is not None and worth(best):
-        return Proposal(*best, "frontier" if best[0] == frontier[best[1]] else "candidate")
+        return Proposal(*best, "frontier" if best[0] == frontier[best[1]] else "candidate", contenders)
     if incumbent is None:  # nothing fits yet, and nothing left is predicted to
         return Finished("no configuration left is predicted to fit")
     name = f"{incumbent.plan}@{incumbent.batch_size}"

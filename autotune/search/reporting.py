@@ -20,6 +20,10 @@ class Reporter(Protocol):
 
     def note(self, text: str) -> None: ...
 
+    def searching(self, counted: int, target: int, contenders: int | None) -> None:
+        """Before a proposed trial: trials counted so far, the most the search will run, and how many
+        configurations could still beat the best (None: not known yet)."""
+
 
 class SilentReporter:
     def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
@@ -35,4 +39,7 @@ class SilentReporter:
         pass
 
     def note(self, text: str) -> None:
+        pass
+
+    def searching(self, counted: int, target: int, contenders: int | None) -> None:
         pass

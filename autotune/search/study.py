@@ -7,7 +7,7 @@ import optuna
 
 from autotune.core.errors import InputError, StorageError
 from autotune.core.protocol import Outcome
-from autotune.search.optuna_trials import distributions, records_of
+from autotune.search.optuna_trials import constraint_attrs, distributions, records_of
 from autotune.search.records import TrialKind, TrialRecord, constraint_mib
 from autotune.search.space import SearchSpace
 from autotune.storage import Store, StudyRow
@@ -105,5 +105,5 @@ def _warm_trial(record: TrialRecord, origin: str, space: SearchSpace, limit: int
             "kind": TrialKind.WARM_START.value,
             **({"ranks": [r.to_dict() for r in record.ranks]} if record.ranks else {}),
         },
-        constraints={"memory": constraint_mib(peak, limit, record.outcome is Outcome.COMPLETE)},
+        system_attrs=constraint_attrs(constraint_mib(peak, limit, record.outcome is Outcome.COMPLETE)),
     )

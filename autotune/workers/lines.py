@@ -36,3 +36,6 @@ class LineReporter:
 
     def note(self, text: str) -> None:
         self._line(text)
+
+    def searching(self, counted: int, target: int, contenders: int | None) -> None:
+        pass  # a line per trial is this reporter's progress

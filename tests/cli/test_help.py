@@ -28,7 +28,9 @@ def help_gaps(group: click.Group, name: str) -> list[str]:
 
 
 def test_every_command_is_listed() -> None:
-    assert COMMANDS == ["best", "doctor", "measure", "probe", "run", "show", "studies", "submit", "worker"]
+    assert COMMANDS == [
+        "best", "doctor", "measure", "probe", "report", "run", "show", "studies", "submit", "worker"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", COMMANDS)

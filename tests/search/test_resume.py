@@ -69,7 +69,7 @@ def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
     engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("SELECT version_num FROM autotune_alembic_version")).all() == [
-            ("0003",)
+            ("0004",)
         ]
         assert conn.execute(sqlalchemy.text("SELECT count(*) FROM alembic_version")).one() == (
             1,

@@ -253,7 +253,7 @@ def test_studies_lists_submitted_jobs_and_their_state(tmp_path) -> None:
         [AUTOTUNE, "studies", "--storage", storage], capture_output=True, text=True, timeout=60
     )
     row = next(line for line in listing.stdout.splitlines() if "queued" in line)
-    assert [cell.strip() for cell in row.split("│")[3:7]] == ["300MiB", "0", "-", "open"], row
+    assert re.split(r"\s{2,}", row.strip())[1:5] == ["300MiB", "0", "-", "open"], row
 
 
 def test_bad_devices_are_one_line() -> None:
@@ -295,20 +295,33 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
             conn.execute(f"ALTER TABLE autotune_best DROP COLUMN {column}")
         conn.execute("UPDATE autotune_alembic_version SET version_num = '0001'")
     study = optuna.create_study(storage=f"sqlite:///{path}", study_name="old")
-    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+
+    def objective(trial: optuna.Trial) -> float:  # autotune <= 0003 stored its constraint this way
+        trial.set_constraint("memory", [-1.0, 0.0, 2.5][trial.number])
+        return trial.suggest_float("x", 0, 1)
+
+    study.optimize(objective, n_trials=3)
     proc = subprocess.run(
         [AUTOTUNE, "studies", "--cache-dir", str(tmp_path)], capture_output=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0003",)]
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0004",)]
         assert conn.execute("SELECT count(*) FROM autotune_leases").fetchall() == [(0,)]
-    assert len(optuna.load_study(study_name="old", storage=f"sqlite:///{path}").trials) == 3
+        # 0004: the constraint in the list form optuna-dashboard reads, and only there
+        stored = "SELECT key, value_json FROM trial_system_attributes WHERE key LIKE 'constraints%' ORDER BY trial_id"
+        assert conn.execute(stored).fetchall() == [
+            ("constraints", "[-1.0]"),
+            ("constraints", "[0.0]"),
+            ("constraints", "[2.5]"),
+        ]
+    trials = optuna.load_study(study_name="old", storage=f"sqlite:///{path}").trials
+    assert [t.constraints for t in trials] == [{"0": -1.0}, {"0": 0.0}, {"0": 2.5}]
     backups = list(tmp_path.glob("autotune.db.backup-0001-*"))
     assert len(backups) == 1
     with sqlite3.connect(backups[0]) as conn:
         assert conn.execute("SELECT count(*) FROM trials").fetchall() == [(3,)]
-    upgraded = f"autotune upgraded its tables from schema 0001 to 0003; the old one is kept at {backups[0]}"
+    upgraded = f"autotune upgraded its tables from schema 0001 to 0004; the old one is kept at {backups[0]}"
     assert upgraded in proc.stderr.decode().splitlines()  # one line says it, with the backup's path
 
 

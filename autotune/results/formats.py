@@ -1,0 +1,146 @@
+"""``autotune best --format``: the answer in the user's own words.
+
+- ``env``: shell exports (``AUTOTUNE_BATCH_SIZE``, ``AUTOTUNE_PLAN``...), for a script that calls
+  ``autotune.batch_size()`` / ``autotune.prepare(model)``;
+- ``json``: everything ``best`` knows;
+- ``hf``: Hugging Face ``TrainingArguments`` fields (and the same as command-line flags);
+- ``lightning``: ``Trainer`` arguments and the DataLoader's batch size;
+- ``torchrun``: the run's own command (a torchrun argument list, or whatever the template was) with the
+  answer filled in, ready to paste.
+
+A plan a framework cannot express (a fraction of the blocks, an operator-level policy, an ORT plan) is given
+as the one ``autotune.prepare`` line to add and the ``AUTOTUNE_PLAN`` it reads. Hugging Face's
+``gradient_checkpointing=True`` recomputes every decoder layer: autotune's plan says the same when it names
+the model's outermost repeated class with ratio 1 and no operator policy (or ``all``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TYPE_CHECKING
+
+from autotune.core.plans import Backend, Plan, parse_plan
+from autotune.core.protocol import BACKEND_ENV, PLAN_ENV
+
+if TYPE_CHECKING:
+    from autotune.results.best import BestAnswer
+
+FORMATS = ("env", "json", "hf", "lightning", "torchrun")
+PREPARE_LINE = "model = autotune.prepare(model)"
+
+
+def render(answer: BestAnswer, fmt: str) -> str:
+    """``answer`` in format ``fmt`` (one of FORMATS), as the lines to print."""
+    return {
+        "env": env,
+        "json": lambda a: json.dumps(a.to_dict(), indent=2, default=str),
+        "hf": hugging_face,
+        "lightning": lightning,
+        "torchrun": command_line,
+    }[fmt](answer)
+
+
+def env(answer: BestAnswer) -> str:
+    return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in answer.env().items())
+
+
+def every_block(answer: BestAnswer) -> str | None:
+    """The class whose every instance the plan recomputes, whole, when that is the model's outermost repeated
+    class (what a framework's own gradient-checkpointing switch does); None for any other plan."""
+    if answer.backend is not Backend.TORCH:
+        return None
+    plan = parse_plan(answer.plan)
+    if plan.everything:
+        return answer.outermost[0] if answer.outermost else "every repeated block"
+    if plan.ranks or len(plan.rules) != 1:
+        return None
+    rule = plan.rules[0]
+    if rule.ratio != 1 or rule.ops or (answer.outermost and rule.cls not in answer.outermost):
+        return None
+    return rule.cls
+
+
+def _plan_lines(answer: BestAnswer, where: str, prepare: str = PREPARE_LINE) -> list[str]:
+    """How to apply a plan the framework has no argument for: the prepare line, and what it reads."""
+    if parse_plan(answer.plan) == Plan.none():
+        return []
+    return [
+        f"# the plan {answer.plan} has no argument here: add one line {where}",
+        f"#   {prepare}",
+        "# and train with these in the environment (autotune.prepare reads them):",
+        *(f"export {k}={shlex.quote(v)}" for k, v in _plan_env(answer).items()),
+    ]
+
+
+def _header(answer: BestAnswer, framework: str) -> str:
+    accum = f" x {answer.grad_accum} accumulated" if answer.grad_accum else ""
+    return (
+        f"# {framework}: batch {answer.batch_size}{accum}, plan {answer.plan}, "
+        f"{answer.samples_per_sec:,.1f} samples/s ({answer.source})"
+    )
+
+
+def hugging_face(answer: BestAnswer) -> str:
+    block = every_block(answer)
+    fields: list[tuple[str, str]] = [("per_device_train_batch_size", str(answer.batch_size))]
+    if answer.grad_accum:
+        fields.append(("gradient_accumulation_steps", str(answer.grad_accum)))
+    none = parse_plan(answer.plan) == Plan.none()
+    fields.append(("gradient_checkpointing", "True" if block else "False"))
+    lines = [_header(answer, "Hugging Face TrainingArguments"), *(f"{k}={v}" for k, v in fields)]
+    flags = " ".join(f"--{k} {v.lower() if v in ('True', 'False') else v}" for k, v in fields)
+    lines.append(f"# as command-line flags: {flags}")
+    if block and not none:
+        lines.append(f"# gradient_checkpointing recomputes every {block}: the plan {answer.plan}")
+    elif not none:
+        lines += _plan_lines(answer, "after the model is built, before the Trainer")
+    return "\n".join(lines)
+
+
+def lightning(answer: BestAnswer) -> str:
+    lines = [
+        _header(answer, "Lightning"),
+        f"Trainer(accumulate_grad_batches={answer.grad_accum or 1})",
+        f"DataLoader(..., batch_size={answer.batch_size})  # in train_dataloader(): the batch per device",
+    ]
+    block = every_block(answer)
+    if block and answer.outermost:
+        lines.append(f"# with FSDPStrategy, activation_checkpointing_policy={{{block}}} is the same plan")
+    lines += _plan_lines(
+        answer, "in your LightningModule's configure_model()", "self.model = autotune.prepare(self.model)"
+    )
+    return "\n".join(lines)
+
+
+def command_line(answer: BestAnswer) -> str:
+    """The study's own command with the batch size (and accumulation) filled in, the plan in front."""
+    from autotune.trials.command import ACCUM_PLACEHOLDER, PLACEHOLDER
+
+    words = list(answer.command)
+    if answer.template:
+        words = [
+            w.replace(PLACEHOLDER, str(answer.batch_size)).replace(
+                ACCUM_PLACEHOLDER, str(answer.grad_accum or 1)
+            )
+            for w in words
+        ]
+        if not any(PLACEHOLDER in w for w in answer.command):  # the script asks autotune.batch_size()
+            exports = answer.env()
+        else:
+            exports = {} if parse_plan(answer.plan) == Plan.none() else _plan_env(answer)
+    else:  # a script run under the harness: it reads the batch size from autotune.batch_size()
+        words = ["python", answer.script, *words]
+        exports = answer.env()
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
+    line = f"{prefix} {shlex.join(words)}" if prefix else shlex.join(words)
+    lines = [_header(answer, "the tuned command"), line]
+    if exports.get(PLAN_ENV, "none") != "none" and answer.template:
+        lines.insert(1, f"# the script applies the plan with one line: {PREPARE_LINE}")
+    return "\n".join(lines)
+
+
+def _plan_env(answer: BestAnswer) -> dict[str, str]:
+    """The plan's variables (and a backend's own, ORT's), without the batch size the framework is given."""
+    kept = (PLAN_ENV, BACKEND_ENV)
+    return {k: v for k, v in answer.env().items() if k in kept or not k.startswith("AUTOTUNE_")}

@@ -1,0 +1,156 @@
+"""``autotune report``: a real study, its HTML opened in a real headless Chromium (Debian's, installed by
+``make``'s browser target; skipped with the reason where it is absent), its PNG, and optuna-dashboard reading
+the same database through its own API."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import optuna
+import pytest
+
+from conftest import AUTOTUNE, synthetic_study
+
+# none@8 fits (152 MiB), none@16 passes the 200 MiB budget (the guard stops it: over-budget), A:1 fits at both
+# and is slower: a study with a winner, a front and an infeasible trial.
+SCRIPT_ARGS = [
+    *"--base-mib 40 --per-sample-mib 12 --plan-effects A:1=0.6:0.6".split(),
+    *"--step-seconds 0.02 --per-sample-seconds 0.004".split(),
+]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",  # a closed network: no calls home at start
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    cache = tmp_path_factory.mktemp("report")
+    return cache, synthetic_study(cache, "none;A:1", *SCRIPT_ARGS)
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("no Chromium to render the report in (make installs Debian's chromium when run as root)")
+    return found
+
+
+def render(browser: str, page: Path, profile: Path) -> dict:
+    """What the page's own check found once Chromium had laid it out (``<body data-rendered>``)."""
+    proc = subprocess.run(
+        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom",
+         page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from html.parser import HTMLParser
+
+    found: dict = {}
+
+    class Body(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "body":
+                found.update(json.loads(dict(attrs).get("data-rendered") or "{}"))
+
+    Body().feed(proc.stdout)
+    return found
+
+
+def test_the_report_renders_its_plot_in_a_headless_browser(study, tmp_path) -> None:
+    cache, name = study
+    browser = chromium()
+    out = tmp_path / "report.html"
+    proc = subprocess.run(
+        [AUTOTUNE, "report", name, "-o", str(out), "--png", "--cache-dir", str(cache)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(
+        subprocess.run(
+            [AUTOTUNE, "show", name, "--json", "--cache-dir", str(cache)], capture_output=True, timeout=60
+        ).stdout
+    )
+    measured = [t for t in shown["trials"] if t["kind"] == "measured" and t["peak_bytes"] is not None]
+    assert proc.stdout.splitlines() == [
+        f"wrote {out} ({len(measured)} trials plotted)",
+        f"wrote {out.with_suffix('.png')}",
+    ]
+    assert {t["outcome"] for t in measured} == {"complete", "over-budget"}
+    page = out.read_text()
+    # self-contained: nothing for the browser to fetch
+    assert "<script src" not in page and "<link" not in page and "url(http" not in page
+    rendered = render(browser, out, tmp_path / "profile")
+    assert rendered["trials"] == len(measured)  # every measured trial is a mark with a size on the screen
+    assert rendered["winner"] is True and rendered["budget"] is True
+    assert rendered["width"] >= 600 and rendered["height"] >= 300
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for section in (
+        "The answer",
+        "Memory against speed",
+        "Use the answer",
+        "Trials",
+        "Optuna: optimization history",
+    ):
+        assert f">{section}<" in page, section
+    assert f"autotune best --study {name} --format hf" in page
+
+
+def test_a_report_without_a_study_is_one_line(tmp_path) -> None:
+    proc = subprocess.run(
+        [AUTOTUNE, "report", "nope", "--cache-dir", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: no study named 'nope' in sqlite:///{tmp_path}/autotune.db"
+    ]
+
+
+def dashboard_get(app, path: str) -> dict:
+    """One GET through optuna-dashboard's WSGI app, as its own front end asks."""
+    environ: dict = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO()}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(app(environ, lambda s, h, *_: status.append(s)))
+    assert status == ["200 OK"], (status, body[:500])
+    return json.loads(body)
+
+
+def test_the_dashboard_lists_over_budget_trials_as_infeasible(study) -> None:
+    pytest.importorskip("optuna_dashboard")
+    from optuna_dashboard import wsgi
+
+    cache, name = study
+    storage = optuna.storages.RDBStorage(f"sqlite:///{cache}/autotune.db")
+    app = wsgi(storage)
+    (listed,) = [s for s in dashboard_get(app, "/api/studies")["study_summaries"] if s["study_name"] == name]
+    detail = dashboard_get(app, f"/api/studies/{listed['study_id']}")
+    outcomes = {
+        t.number: t.user_attrs.get("outcome")
+        for t in optuna.load_study(study_name=name, storage=storage).trials
+    }
+    seen = {"complete": 0, "over-budget": 0}
+    for trial in detail["trials"]:
+        if trial["state"] != "Complete":
+            continue
+        outcome = outcomes[trial["number"]]
+        seen[outcome] += 1
+        assert len(trial["constraints"]) == 1  # one constraint, as Optuna sees it too
+        feasible = all(c <= 0 for c in trial["constraints"])
+        assert feasible == (outcome == "complete"), (trial["number"], outcome, trial["constraints"])
+    assert seen["over-budget"] >= 1 and seen["complete"] >= 3
+    # Optuna counts the constraint once: the same single value under its own key
+    for trial in optuna.load_study(study_name=name, storage=storage).trials:
+        if trial.state is optuna.trial.TrialState.COMPLETE:
+            assert list(trial.constraints) == ["0"]

@@ -1,0 +1,181 @@
+"""Terminal output that fits: `show`, `studies` and a run's trial lines at 80, 100 and 160 columns, never
+cutting a column that carries meaning; and `best --format` in each framework's words."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli import cli
+from autotune.cli.console import trial_line
+from autotune.cli.fit import PlanNames
+from autotune.core.protocol import Outcome
+from autotune.results.best import BestAnswer
+from autotune.results.formats import render
+from autotune.search.records import TrialKind, TrialRecord
+
+from conftest import synthetic_study
+
+COLUMNS = ("#", "batch", "plan", "outcome", "peak", "pred.", "samples/s", "note")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    cache = tmp_path_factory.mktemp("widths")
+    script = "--base-mib 40 --per-sample-mib 12 --step-seconds 0.02 --per-sample-seconds 0.004".split()
+    return cache, synthetic_study(cache, "none;Block:1/save=attention+matmul", *script)
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_show_fits_the_terminal_and_keeps_every_column(study, width: int) -> None:
+    cache, name = study
+    result = CliRunner().invoke(cli, ["show", name, "--cache-dir", str(cache)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    too_long = [line for line in lines if len(line) > width and " " in line.strip()]
+    assert too_long == []
+    header = next(line for line in lines if line.strip().startswith("#"))
+    assert header.split() == list(COLUMNS if width == 160 else COLUMNS[:-1])
+    trials = json.loads(CliRunner().invoke(cli, ["show", name, "--json", "--cache-dir", str(cache)]).output)[
+        "trials"
+    ]
+    shown = [t for t in trials if t["kind"] not in ("skipped", "copy")]
+    rows = [line for line in lines if re.match(r"\s*\d+\s+\d+\s", line)]
+    assert [int(r.split()[0]) for r in rows] == [t["number"] for t in shown]  # one line per trial
+    # the long plan is shortened the same way in every row, and the legend says how
+    plans = {r.split()[2] for r in rows}
+    if width == 80:
+        assert plans == {"none", "B:1/save=attn+mm"}
+        assert "plans shortened: B = Block, attn = attention, mm = matmul" in result.output
+    elif width == 100:
+        assert plans == {"none", "Block:1/save=attn+mm"}
+        assert "plans shortened: attn = attention, mm = matmul" in result.output
+    else:
+        assert plans == {"none", "Block:1/save=attention+matmul"}
+    if width < 160:  # notes go under the table, by trial number, when the table leaves them too little room
+        assert header.split()[-1] == "samples/s"
+        assert re.search(r"^trial \d+: re-measures trial \d+", result.output, re.M)
+    assert "every trial ran on " in result.output  # one worker: said once, not a column of repeats
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_studies_fits_the_terminal(study, width: int) -> None:
+    cache, name = study
+    result = CliRunner().invoke(cli, ["studies", "--cache-dir", str(cache)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.output.splitlines()) <= width
+    (row,) = [line for line in result.output.splitlines() if name in line]
+    cells = re.split(r"\s{2,}", row.strip())
+    assert cells[1:3] == ["200.00 MiB", "4"] and cells[4] == "done" and cells[5].endswith("ynthetic.py")
+
+
+def test_a_failed_trial_is_one_line_with_its_log_path_whole() -> None:
+    record = TrialRecord(
+        number=7,
+        state="FAIL",
+        kind=TrialKind.MEASURED,
+        batch_size=64,
+        plan="LlamaDecoderLayer:0.5/save=attention+matmul",
+        outcome=Outcome.FAILED,
+        error="Traceback (most recent call last):\n  File x\nRuntimeError: " + "a very long message " * 10,
+        log_dir=str(Path.home() / ".cache/autotune/trials/20261124-081500-4242-7"),
+    )
+    names = PlanNames(16)
+    for width in (100, 160):
+        line = trial_line(record, width, names)
+        assert len(line) <= width and "\n" not in line
+        assert line.endswith("log: ~/.cache/autotune/trials/20261124-081500-4242-7")
+        assert line.startswith("trial   7     64  LDL:0.5/save=at…")
+    assert "failed: RuntimeError: a very long message a very" in line  # 160: the message's start too
+    # at 80 columns the path alone leaves no room for the message: the path stays whole, on the one line
+    assert trial_line(record, 80, names) == (
+        "trial   7     64  LDL:0.5/save=at…  failed  log: ~/.cache/autotune/trials/20261124-081500-4242-7"
+    )
+    assert names.legend() == "plans shortened: LDL = LlamaDecoderLayer, attn = attention, mm = matmul"
+
+
+def answer(plan: str, **extra) -> BestAnswer:
+    return BestAnswer(
+        "gpt-1", "train.py", 8, plan, 2**30, 38.8, 2**31, True, "verified winner of study gpt-1", **extra
+    )
+
+
+def test_best_in_hugging_face_words() -> None:
+    every = answer("GPT2Block:1", grad_accum=4, outermost=("GPT2Block",))
+    assert render(every, "hf").splitlines()[1:] == [
+        "per_device_train_batch_size=8",
+        "gradient_accumulation_steps=4",
+        "gradient_checkpointing=True",
+        "# as command-line flags: --per_device_train_batch_size 8 --gradient_accumulation_steps 4 "
+        "--gradient_checkpointing true",
+        "# gradient_checkpointing recomputes every GPT2Block: the plan GPT2Block:1",
+    ]
+    half = render(answer("GPT2Block:0.5/save=matmul", outermost=("GPT2Block",)), "hf").splitlines()
+    assert half[1:3] == ["per_device_train_batch_size=8", "gradient_checkpointing=False"]
+    assert half[4:] == [
+        "# the plan GPT2Block:0.5/save=matmul has no argument here: add one line after the model is built, "
+        "before the Trainer",
+        "#   model = autotune.prepare(model)",
+        "# and train with these in the environment (autotune.prepare reads them):",
+        "export AUTOTUNE_PLAN=GPT2Block:0.5/save=matmul",
+    ]
+    # a nested class is not what the framework's switch checkpoints
+    assert "gradient_checkpointing=False" in render(answer("MLP:1", outermost=("GPT2Block",)), "hf")
+
+
+def test_best_in_lightning_words_and_as_the_filled_in_command() -> None:
+    lines = render(answer("Block:1", grad_accum=2, outermost=("Block",)), "lightning").splitlines()
+    assert lines[1:4] == [
+        "Trainer(accumulate_grad_batches=2)",
+        "DataLoader(..., batch_size=8)  # in train_dataloader(): the batch per device",
+        "# with FSDPStrategy, activation_checkpointing_policy={Block} is the same plan",
+    ]
+    assert "#   self.model = autotune.prepare(self.model)" in lines
+    template = answer(
+        "Block:1",
+        grad_accum=2,
+        template=True,
+        command=(
+            "torchrun",
+            "--nproc-per-node",
+            "2",
+            "train.py",
+            "--bs",
+            "{batch_size}",
+            "--accum",
+            "{grad_accum}",
+        ),
+    )
+    assert render(template, "torchrun").splitlines()[1:] == [
+        "# the script applies the plan with one line: model = autotune.prepare(model)",
+        "AUTOTUNE_PLAN=Block:1 torchrun --nproc-per-node 2 train.py --bs 8 --accum 2",
+    ]
+
+
+def test_the_status_line_tells_the_whole_run_and_fits() -> None:
+    from rich.console import Console
+
+    from autotune.cli.console import ConsoleReporter
+
+    reporter = ConsoleReporter(Console(width=160, file=io.StringIO()))
+    reporter.searching(3, 10, 2)
+    reporter.trial_started(4, 16, "LlamaDecoderLayer:0.5/save=attention+matmul", "frontier")
+    reporter.best = TrialRecord(2, "COMPLETE", TrialKind.MEASURED, 8, "none", Outcome.COMPLETE, 2**28, 188.8)
+    text = reporter._status_text(7, 3.2)
+    assert re.fullmatch(
+        r"3 of ≤10 trials, \ds, best 188.8/s, 2 may beat it \| trial 4: 16 x LlamaDecoderLayer:0.5/save=attn\+mm "
+        r"\(frontier\), 7 steps, 3s",
+        text,
+    ), text
+    narrow = ConsoleReporter(Console(width=80, file=io.StringIO()))
+    narrow.searching(3, 10, None)
+    narrow.trial_started(4, 16, "LlamaDecoderLayer:0.5/save=attention+matmul", "frontier")
+    text = narrow._status_text(7, 3.2)
+    assert len(text) <= 77 and re.match(
+        r"3 of ≤10 trials, \ds \| trial 4: 16 x LDL:0.5/save=at… \(frontier\)", text
+    )
