@@ -43,34 +43,46 @@ def main() -> None:
                     params={"batch_size": 1 + i % 25, "plan": "none"},
                     distributions=space,
                     value=1.0,
-                    user_attrs={name: "x" * 20 for name in ATTRS},
+                    # what autotune stores: a few values repeated by every trial, a few unique to each
+                    user_attrs={
+                        name: f"{name}-{i}" if name in ("log_dir", "lease") else name for name in ATTRS
+                    },
                     constraints={"memory": -1.0},
                 )
             )
-        # tracemalloc's own bookkeeping inflates RSS: the heap is measured in one process, RSS in others
-        subprocess.run([sys.executable, __file__, "--heap", url], check=True)
+        # tracemalloc's own bookkeeping inflates RSS: the heap is measured in one process, RSS in others.
+        # Optuna's own RDBStorage and autotune's (which shares distributions and short strings between
+        # trials), interleaved.
+        for storage in ("optuna", "autotune"):
+            subprocess.run([sys.executable, __file__, "--heap", url, storage], check=True)
         for _ in range(3):  # RSS moves in pymalloc arenas: a few fresh processes
-            subprocess.run([sys.executable, __file__, "--rss", url], check=True)
+            for storage in ("optuna", "autotune"):
+                subprocess.run([sys.executable, __file__, "--rss", url, storage], check=True)
 
 
-def measure(url: str, heap: bool) -> None:
+def measure(url: str, heap: bool, storage: str) -> None:
     """In this fresh process: load the study once (imports, first caches), then again through a second
-    study object; what the second cache added to the Python heap (tracemalloc), or to the RSS."""
+    study object and storage; what the second cache added to the Python heap (tracemalloc), or to the RSS."""
     import tracemalloc
 
+    from autotune.storage.optuna_storage import RetryingRDBStorage
+
+    kind = RetryingRDBStorage if storage == "autotune" else optuna.storages.RDBStorage
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.load_study(study_name="m", storage=url).get_trials(deepcopy=False)
+    optuna.load_study(study_name="m", storage=kind(url)).get_trials(deepcopy=False)
     if heap:
         tracemalloc.start()
     before = rss_kib()
-    held = optuna.load_study(study_name="m", storage=url).get_trials(deepcopy=False)
+    held = optuna.load_study(study_name="m", storage=kind(url)).get_trials(deepcopy=False)
     grown = tracemalloc.get_traced_memory()[0] // 1024 if heap else rss_kib() - before
     what = "Python heap (tracemalloc)" if heap else "RSS"
-    print(f"{len(held)} trials cached: {what} +{grown} KiB, {grown / len(held):.1f} KiB a trial")
+    print(
+        f"{storage:>8}: {len(held)} trials cached: {what} +{grown} KiB, {grown / len(held):.1f} KiB a trial"
+    )
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] in (["--heap"], ["--rss"]):
-        measure(sys.argv[2], heap=sys.argv[1] == "--heap")
+        measure(sys.argv[2], heap=sys.argv[1] == "--heap", storage=sys.argv[3])
     else:
         main()

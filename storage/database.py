@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import json
 import logging
 import os
 import random
@@ -275,10 +276,35 @@ def retrying(
 
 
 def retried(method: Callable[..., T]) -> Callable[..., T]:
-    """``method`` with every call made through ``retrying`` (no deadline)."""
+    """``method`` with every call made through ``retrying`` (no deadline); a stored value that cannot be
+    decoded (a damaged row: JSON cut short, bytes that are not UTF-8) is one StorageError naming the
+    database, not a traceback, nor a row silently skipped. ``method`` belongs to a Store or to Optuna's
+    RDBStorage: its first argument."""
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> T:
-        return retrying(lambda: method(*args, **kwargs))
+        try:
+            return retrying(lambda: method(*args, **kwargs))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StorageError(damaged_row(args[0] if args else None, e)) from e
 
     return call
+
+
+def damaged_row(owner: object, error: Exception) -> str:
+    """What to say of a row whose stored value cannot be read: which database (never its password), what
+    failed, and how to recover."""
+    engine = getattr(owner, "_engine", None) or getattr(owner, "engine", None)  # a Store's, Optuna's
+    url = getattr(engine, "url", None)
+    path = (
+        Path(url.database)
+        if url is not None and url.get_backend_name() == "sqlite" and url.database
+        else None
+    )
+    name = str(path) if path is not None else str(getattr(owner, "display_url", "") or "in use")
+    hint = backup_hint(path) if path is not None else ""
+    reason = str(error).splitlines()[0][:160]
+    return (
+        f"the database {name} holds a damaged row: a stored value cannot be read ({type(error).__name__}: "
+        f"{reason}){hint or '; restore it from a backup, or tune into another --cache-dir or --storage'}"
+    )

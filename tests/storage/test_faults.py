@@ -4,7 +4,9 @@ password appears anywhere, --debug included. Each case below once hung or printe
 from __future__ import annotations
 
 import os
+import re
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -160,3 +162,35 @@ def test_a_damaged_file_names_the_backup_autotune_kept(tmp_path: Path) -> None:
             f"Error: cannot open the database {tmp_path / 'autotune.db'}: file is not a database; autotune's "
             f"newest backup of it is {backup} (copy it over the file to restore)"
         )
+
+
+@pytest.mark.parametrize(
+    ("damage", "argv"),
+    [
+        ("UPDATE autotune_studies SET space = '{cut short'", ["best"]),
+        ("UPDATE autotune_studies SET space = '{cut short'", ["studies"]),
+        ("UPDATE trial_user_attributes SET value_json = '{bad' WHERE key = 'peak_bytes'", ["show", "dmg"]),
+        ("UPDATE trial_user_attributes SET value_json = '{bad' WHERE key = 'peak_bytes'", ["report", "dmg"]),
+    ],
+)
+def test_damage_inside_a_row_is_one_line_naming_the_database(
+    tmp_path: Path, damage: str, argv: list[str]
+) -> None:
+    """A row whose stored JSON is cut short once made `best` print a traceback (or say "no study"): now one
+    line, exit 5, the file named, with the backup to restore where autotune kept one."""
+    tuned = autotune(
+        "run", "--budget", "1GiB", "--trials", "2", "--plans", "none", "--batch-sizes", "1-4", "--steps", "1",
+        "--warmup-steps", "1", "--device", "cpu", "--study", "dmg", "--cache-dir", str(tmp_path), str(SYNTHETIC),
+        "--", "--base-mib", "8", "--step-seconds", "0.01",
+    )  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    path = tmp_path / "autotune.db"
+    with sqlite3.connect(path) as conn:
+        assert conn.execute(damage).rowcount >= 1
+    proc = autotune(*argv, "--cache-dir", str(tmp_path))
+    assert proc.returncode == 5, proc.stderr
+    assert re.fullmatch(
+        rf"Error: the database {re.escape(str(path))} holds a damaged row: a stored value cannot be read "
+        r"\(JSONDecodeError: .+\); restore it from a backup, or tune into another --cache-dir or --storage",
+        one_line(proc),
+    ), proc.stderr
