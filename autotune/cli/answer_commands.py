@@ -119,6 +119,7 @@ def report(
     quiet_optuna()
     written = api.report(study, output, png=png, storage=storage, cache_dir=cache_dir)
     out = console()
-    out.print(f"wrote {written.html} ({written.trials} trials plotted)", markup=False)
+    plotted = f"{written.trials} trial{'s' if written.trials != 1 else ''} plotted"
+    out.print(f"wrote {written.html} ({plotted})", markup=False)
     if written.png is not None:
         out.print(f"wrote {written.png}", markup=False)

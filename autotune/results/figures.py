@@ -108,6 +108,7 @@ def pareto_figure(report: StudyReport) -> Figure:
                 linewidths=1.6,
                 label=plan if state == "fits" or not any(p.state == "fits" for p in mine) else None,
                 zorder=3,
+                clip_on=False,  # a trial stopped before any speed sits on the axis: drawn whole
             )
             art.set_gid(f"trials-{index}-{state}")
         predicted = [p for p in mine if p.predicted_peak_bytes and p.state != "oom"]
@@ -184,7 +185,8 @@ def pareto_figure(report: StudyReport) -> Figure:
     ax.set_ylim(0, max(tops, default=1.0) * 1.12 or 1.0)  # room above the best for its star
     ax.set_xlim(left=0, right=max([budget / scale * 1.08, *(p.peak_bytes / scale * 1.05 for p in found)]))
     ax.grid(True, alpha=0.3)
-    ax.set_title(f"{report.row.study_name}: {len(found)} measured trial(s)", loc="left", fontsize=11)
+    count = f"{len(found)} measured trial{'s' if len(found) != 1 else ''}"
+    ax.set_title(f"{report.row.study_name}: {count}", loc="left", fontsize=11)
     ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
     return fig
 

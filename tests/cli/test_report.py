@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from wsgiref.util import setup_testing_defaults
 import optuna
 import pytest
 
-from conftest import AUTOTUNE, synthetic_study
+from conftest import AUTOTUNE, SYNTHETIC, synthetic_study
 
 # none@8 fits (152 MiB), none@16 passes the 200 MiB budget (the guard stops it: over-budget), A:1 fits at both
 # and is slower: a study with a winner, a front and an infeasible trial.
@@ -154,3 +155,28 @@ def test_the_dashboard_lists_over_budget_trials_as_infeasible(study) -> None:
     for trial in optuna.load_study(study_name=name, storage=storage).trials:
         if trial.state is optuna.trial.TrialState.COMPLETE:
             assert list(trial.constraints) == ["0"]
+
+
+def test_a_study_where_nothing_fits_still_has_its_report(tmp_path) -> None:
+    """A hopeless budget (exit 6 after two over-budget trials): the report says nothing fits, and plots the
+    trials as the lower bounds they are, on the axis, drawn whole."""
+    browser = chromium()
+    argv = ["run", "--device", "cpu", "--budget", "30MiB", "--study", "tiny", "--cache-dir", str(tmp_path)]
+    tuned = subprocess.run(
+        [AUTOTUNE, *argv, str(SYNTHETIC), "--", "--base-mib", "60"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert tuned.returncode == 6, tuned.stderr
+    out = tmp_path / "tiny.html"
+    proc = subprocess.run(
+        [AUTOTUNE, "report", "tiny", "-o", str(out), "--cache-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    measured = int(re.fullmatch(r"wrote .+ \((\d+) trials? plotted\)", proc.stdout.strip())[1])
+    assert measured >= 1
+    assert "Nothing measured fits the budget yet." in out.read_text()
+    rendered = render(browser, out, tmp_path / "profile")
+    assert (rendered["trials"], rendered["winner"], rendered["budget"]) == (measured, False, True)
