@@ -72,6 +72,15 @@ def measured(result: TrialResult) -> str:
                 f"{format_bytes(result.torch_peak_reserved)} reserved",
             )
         )
+    if result.compile_cache:
+        cache = result.compile_cache
+        rows.append(
+            (
+                "compile cache",
+                f"graphs: {cache.get('fx_graph_hits', 0)} reused, {cache.get('fx_graph_misses', 0)} compiled "
+                "(torch.compile's caches are the workload's own, under the cache dir: later trials reuse them)",
+            )
+        )
     if result.budget_bytes is not None:
         rows.append(
             ("budget", f"{format_bytes(result.budget_bytes)}: {_verdict(result, result.budget_bytes)}")

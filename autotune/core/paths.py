@@ -38,6 +38,18 @@ def default_storage_url(root: Path) -> str:
     return f"sqlite:///{root / 'autotune.db'}"
 
 
+COMPILE_CACHE_ENV = (
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+)  # inductor's (FX graphs, kernels), Triton's
+
+
+def compile_cache_dir(root: Path, fingerprint: str) -> Path:
+    """Where a workload's torch.compile caches live: one folder per workload under the cache dir, so its
+    later trials reuse what its earlier ones compiled, and removing it removes only that workload's."""
+    return root / "compile" / fingerprint[:16]
+
+
 def new_trial_dir(root: Path) -> Path:
     """A fresh folder for one trial's request, report and logs, named by time for humans."""
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -100,6 +100,9 @@ class TrialReport:
     micro_batches: int | None = None  # forwards counted in the last optimizer step (None: none counted)
     rank: int | None = None  # the rank that wrote it, in a multi-process job ($RANK)
     world_size: int | None = None  # the job's ranks, as that rank was told ($WORLD_SIZE)
+    # torch.compile's cache lookups in this process (FX graphs, AOT autograd): hits and misses; None when the
+    # script compiled nothing
+    compile_cache: dict[str, int] | None = None
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

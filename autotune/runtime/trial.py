@@ -150,6 +150,7 @@ class _Trial:
             candidates=self.candidates,
             probe=self._probe_result(),
             micro_batches=self.micro_batches,
+            compile_cache=_compile_cache(),
             rank=self.rank.rank if self.rank else None,
             world_size=self.rank.world_size if self.rank else None,
         ).write(self.report_path)
@@ -317,6 +318,21 @@ def _cuda_peaks() -> tuple[int | None, int | None]:
     if torch is None or not torch.cuda.is_initialized():
         return None, None
     return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+
+def _compile_cache() -> dict[str, int] | None:
+    """torch.compile's cache lookups so far in this process (torch's own counters; never imports torch)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    counters = utils.counters
+    found = {
+        "fx_graph_hits": counters["inductor"].get("fxgraph_cache_hit", 0),
+        "fx_graph_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
+        "aot_autograd_hits": counters["aot_autograd"].get("autograd_cache_hit", 0),
+        "aot_autograd_misses": counters["aot_autograd"].get("autograd_cache_miss", 0),
+    }
+    return {k: int(v) for k, v in found.items()} if any(found.values()) else None
 
 
 def _one_line(error: BaseException) -> str:

@@ -18,7 +18,7 @@ from autotune.backends.probe_report import ModuleCandidate, probe_report_from_js
 from autotune.core.batches import grad_accum_for
 from autotune.core.budget import Budget, parse_budget
 from autotune.core.errors import InputError
-from autotune.core.paths import cache_dir, new_trial_dir
+from autotune.core.paths import cache_dir, compile_cache_dir, new_trial_dir
 from autotune.core.plans import Backend, Plan
 from autotune.core.protocol import (
     BATCH_SIZE_ENV,
@@ -39,6 +39,7 @@ from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
 from autotune.trials.result import TrialResult, classify, throughput
 from autotune.trials.settings import TrialSettings
+from autotune.trials.workload import workload_of
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,9 @@ def _trial_env(
     backend: Backend,
     root: Path,
 ) -> dict[str, str]:
-    """The trial's environment: the request, the batch size and plan, the device pinned; for ORT, the
-    plan's own variables (the extension built first, outside any measured trial)."""
+    """The trial's environment: the request, the batch size and plan, the device pinned, the workload's
+    compilation caches; for ORT, the plan's own variables (the extension built first, outside any measured
+    trial)."""
     env = {
         **environ,
         **device.child_env(),
@@ -256,12 +258,16 @@ def _trial_env(
         GRAD_ACCUM_ENV: str(request.grad_accum or 1),
         "PYTHONUNBUFFERED": "1",
     }
+    fingerprint = workload_of(command, device, backend).fingerprint
+    # torch.compile's caches: the workload's own folder, so compilation is paid by its first trial only
+    # (a user's own setting wins)
+    compiled = compile_cache_dir(root, fingerprint)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled / "inductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(compiled / "triton"))
     if backend is Backend.ORT:
         from autotune.backends.ort_plans import ensure_extension, environment, parse_ort_plan
-        from autotune.trials.workload import workload_of
 
         ensure_extension(environ)  # built outside any measured trial: a compiler is no trial's memory
-        fingerprint = workload_of(command, device, backend).fingerprint
         env.update(environment(parse_ort_plan(request.plan), workdir / "ort_plan.json", root, fingerprint))
     return env
 
@@ -311,6 +317,7 @@ def _result(
         probe=probe_report_from_json(report.probe) if report else None,
         grad_accum=request.grad_accum,
         micro_batches=report.micro_batches if report else None,
+        compile_cache=report.compile_cache if report else None,
         ranks=ranks,
         world_size=report.world_size if report else None,
     )

@@ -100,6 +100,7 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
         candidates=first.candidates if first else None,
         probe=first.probe if first else None,
         micro_batches=first.micro_batches if first else None,
+        compile_cache=first.compile_cache if first else None,
         rank=None,
         world_size=world,
     )

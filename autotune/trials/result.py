@@ -43,6 +43,7 @@ class TrialResult:
     micro_batches: int | None = None  # forwards the trial counted in its last optimizer step
     ranks: tuple[RankResult, ...] = ()  # a multi-process trial's ranks; peak_bytes is the worst rank's
     world_size: int | None = None  # its ranks (None: one process)
+    compile_cache: dict[str, int] | None = None  # torch.compile's cache hits and misses (None: no compile)
 
     @property
     def throughput(self) -> Interval | None:
