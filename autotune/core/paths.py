@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import os
+import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +45,17 @@ COMPILE_CACHE_ENV = (
     "TORCHINDUCTOR_CACHE_DIR",
     "TRITON_CACHE_DIR",
 )  # inductor's (FX graphs, kernels), Triton's
+
+
+def torch_default_inductor_dir() -> str:
+    """Where torch puts inductor's cache when told nothing (torch._inductor.runtime.cache_dir_utils), without
+    importing torch. Importing torch writes it into ``$TORCHINDUCTOR_CACHE_DIR``, so a process that imported
+    torch (a notebook calling autotune's API, a test) shows it there although nobody chose it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def compile_cache_dir(root: Path, fingerprint: str) -> Path:

@@ -18,7 +18,7 @@ from autotune.backends.probe_report import ModuleCandidate, probe_report_from_js
 from autotune.core.batches import grad_accum_for
 from autotune.core.budget import Budget, parse_budget
 from autotune.core.errors import InputError
-from autotune.core.paths import cache_dir, compile_cache_dir, new_trial_dir
+from autotune.core.paths import cache_dir, compile_cache_dir, new_trial_dir, torch_default_inductor_dir
 from autotune.core.plans import Backend, Plan
 from autotune.core.protocol import (
     BATCH_SIZE_ENV,
@@ -260,9 +260,10 @@ def _trial_env(
     }
     fingerprint = workload_of(command, device, backend).fingerprint
     # torch.compile's caches: the workload's own folder, so compilation is paid by its first trial only
-    # (a user's own setting wins)
+    # (a folder the user chose wins; torch's default, which importing torch writes into the environment, not)
     compiled = compile_cache_dir(root, fingerprint)
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled / "inductor"))
+    if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", torch_default_inductor_dir()):
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(compiled / "inductor")
     env.setdefault("TRITON_CACHE_DIR", str(compiled / "triton"))
     if backend is Backend.ORT:
         from autotune.backends.ort_plans import ensure_extension, environment, parse_ort_plan

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.core.paths import compile_cache_dir
+from autotune.core.paths import compile_cache_dir, torch_default_inductor_dir
 from autotune.hardware.devices import resolve_device
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import measure, measure_spec
@@ -30,11 +30,14 @@ def compiled_trial(cache: Path, *args: str, environ: dict[str, str] | None = Non
 
 
 def test_a_workload_compiles_once_and_its_later_trials_reuse_the_graphs(tmp_path: Path) -> None:
-    first = compiled_trial(tmp_path)
+    # importing torch's inductor writes torch's default folder into the environment (a test process or a
+    # notebook that compiled something has it): nobody's choice, and the workload's own folder is used
+    environ = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": torch_default_inductor_dir()}
+    first = compiled_trial(tmp_path, environ=environ)
     assert first.outcome.value == "complete", first.error
     assert first.compile_cache is not None
     assert first.compile_cache["fx_graph_hits"] == 0 and first.compile_cache["fx_graph_misses"] >= 1
-    again = compiled_trial(tmp_path)
+    again = compiled_trial(tmp_path, environ=environ)
     assert again.compile_cache is not None
     assert again.compile_cache["fx_graph_hits"] == first.compile_cache["fx_graph_misses"]
     assert again.compile_cache["fx_graph_misses"] == 0
