@@ -16,9 +16,10 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.fit import PlanNames, clip, first_line, plan_width
-from autotune.cli.tables import outcome_text, prediction_error
+from autotune.cli.fit import PlanNames, clip, plan_width
+from autotune.cli.tables import prediction_error
 from autotune.core.budget import format_bytes
+from autotune.core.errors import first_line
 from autotune.search.records import TrialRecord
 
 
@@ -103,7 +104,7 @@ def _duration(seconds: float) -> str:
 def trial_line(r: TrialRecord, width: int = 100, names: PlanNames | None = None, tail: str = "") -> str:
     """One trial on one line of at most ``width`` columns: ``trial 12  16x4  Block:1  fits  268.57 MiB
     (pred +3%)  188.8 samples/s``; a failure's first line is clipped so that its log's path stays whole."""
-    names = names or PlanNames(width)
+    names = names or PlanNames(plan_width(width))
     batch = f"{r.batch_size}x{r.grad_accum}" if r.grad_accum else str(r.batch_size)
     head = f"trial {r.number:>3}  {batch:>5}  {names(r.plan):<{min(names.width, 16)}}"
     if r.error or (r.outcome is not None and r.outcome.value in ("failed", "timeout")):
@@ -118,7 +119,7 @@ def trial_line(r: TrialRecord, width: int = 100, names: PlanNames | None = None,
     error = prediction_error(r)
     predicted = f" (pred {error})" if error else ""
     speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
-    outcome = outcome_text(r, None) if r.outcome is not None else str(r.kind)
+    outcome = r.outcome_text(None) if r.outcome is not None else str(r.kind)
     line = f"{head}  {outcome:<8} {peak:>10}{predicted}  {speed}"
     if tail:
         line += f"  {tail}"

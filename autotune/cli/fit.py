@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import re
 
-from autotune.core.budget import format_bytes
-from autotune.results.report import first_line
-
-__all__ = ["PlanNames", "clip", "first_line", "plan_width", "signed_bytes"]
-
 OPS = {"attention": "attn", "matmul": "mm", "activation": "act", "dropout": "drop", "recompute=": "rc="}
 _CLASS = re.compile(r"(?<![\w=+])([A-Z][A-Za-z0-9_]*)(?=:|$|\|)")
 
@@ -67,7 +62,3 @@ def clip(text: str, width: int) -> str:
 def plan_width(width: int) -> int:
     """How wide a plan name may be in a table or trial line of a terminal ``width`` columns wide."""
     return 16 if width < 90 else 24 if width < 130 else 40
-
-
-def signed_bytes(size: float) -> str:
-    return ("-" if size < 0 else "") + format_bytes(abs(size))

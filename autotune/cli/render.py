@@ -15,9 +15,10 @@ from rich.table import Table
 
 from autotune.cli.console import as_json, key_value_grid
 from autotune.cli.fit import PlanNames, plan_width
-from autotune.cli.tables import checks_table, not_run_line, prediction_summary, trials_table
+from autotune.cli.tables import checks_table, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
 from autotune.core.stats import Interval
+from autotune.results.listing import not_run_line
 from autotune.search.records import TrialKind, TrialRecord
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
@@ -59,7 +60,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
         markup=False,
     )
     hint = best_command(command, budget, result.global_batch)
-    exe = autotune_executable().split()  # `python -m autotune` stays three words
+    exe = autotune_executable()
     formats = shlex.join([*exe, "best", "--study", result.study_name, "--format", "hf"])
     out.print(f'\nuse it:  eval "$({hint})"', markup=False)
     out.print(f"         {formats}  # or lightning, torchrun", markup=False)
@@ -94,9 +95,10 @@ def trials_text(records: Sequence[TrialRecord], new: int) -> str:
     return "; ".join(parts)
 
 
-def autotune_executable() -> str:
-    """How to call autotune again from this shell: ``autotune`` when that is this autotune on the PATH, else
-    the path of this one (``.venv/bin/autotune`` after ``make``, whose environment is not activated)."""
+def autotune_executable() -> list[str]:
+    """How to call autotune again from this shell, as words: ``autotune`` when that is this autotune on the
+    PATH, else the path of this one (``.venv/bin/autotune`` after ``make``, whose environment is not
+    activated), else this Python with ``-m autotune``."""
     ours = (
         Path(sys.argv[0])
         if Path(sys.argv[0]).name == "autotune"
@@ -104,25 +106,24 @@ def autotune_executable() -> str:
     )
     found = shutil.which("autotune")
     if found is not None and Path(found).resolve() == ours.resolve():
-        return "autotune"
+        return ["autotune"]
     if not ours.exists():
-        return f"{sys.executable} -m autotune"
+        return [sys.executable, "-m", "autotune"]
     try:
-        return str(ours.absolute().relative_to(Path.cwd()))
+        return [str(ours.absolute().relative_to(Path.cwd()))]
     except ValueError:
-        return str(ours)
+        return [str(ours)]
 
 
 def best_command(command: Sequence[str], budget: str, global_batch: int | None = None) -> str:
     """The `autotune best ... --env` line for a run's command (options before the script's own `--`)."""
-    words = [autotune_executable(), "best", "--budget", budget, "--env"]
+    words = [*autotune_executable(), "best", "--budget", budget, "--env"]
     if global_batch is not None:
         words += ["--global-batch", str(global_batch)]
     if command[0].endswith(".py"):  # SCRIPT [-- ARGS]
         words.append(command[0])
         command = command[1:]
-    line = shlex.join([*words, "--", *command] if command else words)
-    return line.replace(shlex.quote(words[0]), words[0], 1)  # `python -m autotune` stays three words
+    return shlex.join([*words, "--", *command] if command else words)
 
 
 def as_json_text(result: TuneResult) -> str:

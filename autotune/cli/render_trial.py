@@ -9,8 +9,7 @@ from rich.table import Table
 from autotune.backends import probe
 from autotune.backends.probe_report import OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.cli.console import as_json, key_values
-from autotune.cli.fit import signed_bytes
-from autotune.core.budget import format_bytes
+from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.protocol import Outcome
 from autotune.hardware.doctor import Check
 from autotune.trials.result import TrialResult

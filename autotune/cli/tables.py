@@ -9,21 +9,14 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.table import Table
 
-from autotune.cli.fit import PlanNames, clip, first_line, signed_bytes
-from autotune.core.budget import format_bytes
+from autotune.cli.fit import PlanNames, clip
+from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.protocol import Outcome
+from autotune.results.listing import FLAG_MEANING
 from autotune.search.records import TrialKind, TrialRecord
 
 if TYPE_CHECKING:
     from autotune.results.listing import PlanCheck
-
-
-def outcome_text(r: TrialRecord, limit: int | None) -> str:
-    """How a trial ended, in one word or two: ``fits`` / ``over limit`` for a complete trial (over the
-    budget less headroom), else its outcome (``over-budget``: stopped as it passed the budget)."""
-    if r.outcome is Outcome.COMPLETE and limit is not None and r.peak_bytes is not None:
-        return "fits" if r.fits(limit) else "over limit"
-    return str(r.outcome or r.state.lower())
 
 
 def prediction_error(r: TrialRecord) -> str:
@@ -31,13 +24,6 @@ def prediction_error(r: TrialRecord) -> str:
     if not (r.peak_bytes and r.predicted_peak_bytes):
         return ""
     return f"{(r.predicted_peak_bytes - r.peak_bytes) / r.peak_bytes:+.0%}"
-
-
-def trial_note(r: TrialRecord) -> str:
-    note = r.note or first_line(r.error)
-    if r.kind not in (TrialKind.MEASURED, TrialKind.VERIFICATION):
-        note = f"{r.kind}: {note}" if note else str(r.kind)
-    return note
 
 
 NOTE_MIN = 24  # narrower than this, notes go below the table, one line each
@@ -63,14 +49,14 @@ def trials_table(
             "#": str(r.number),
             "batch": f"{r.batch_size}x{r.grad_accum}" if r.grad_accum else str(r.batch_size),
             "plan": names(r.plan),
-            "outcome": outcome_text(r, limit),
+            "outcome": r.outcome_text(limit),
             "peak": format_bytes(r.peak_bytes) if r.peak_bytes is not None else "",
             "pred.": prediction_error(r),
             "samples/s": f"{r.samples_per_sec:,.1f}" if r.samples_per_sec else "",
         }
         if worker_column:
             row["worker"] = _worker(r)
-        row["note"] = trial_note(r)
+        row["note"] = r.note_text
         rows.append(row)
     columns = (
         list(rows[0]) if rows else ["#", "batch", "plan", "outcome", "peak", "pred.", "samples/s", "note"]
@@ -112,18 +98,6 @@ def _worker(r: TrialRecord) -> str:
     return f"{host_pid} {r.device}" if r.device else host_pid
 
 
-def not_run_line(records: Sequence[TrialRecord]) -> str | None:
-    skipped = sum(r.kind is TrialKind.SKIPPED for r in records)
-    copies = sum(r.kind is TrialKind.COPY for r in records)
-    if not skipped and not copies:
-        return None
-    parts = [
-        f"{skipped} proposal(s) the memory model predicted cannot fit" if skipped else "",
-        f"{copies} re-proposal(s) of a configuration measured already" if copies else "",
-    ]
-    return "not run: " + ", ".join(p for p in parts if p)
-
-
 def prediction_summary(records: Sequence[TrialRecord]) -> str | None:
     """How good the memory model was: the median error of its predictions over the measured trials."""
     errors = sorted(
@@ -152,12 +126,4 @@ def checks_table(checks: Sequence[PlanCheck], names: PlanNames) -> tuple[Table, 
         measured = signed_bytes(c.measured) if c.measured is not None else "not measured"
         verdict = "FAR FROM PREDICTION" if c.flagged else ("ok" if c.measured is not None else "")
         table.add_row(names(c.plan), signed_bytes(c.predicted), measured, verdict)
-    below = []
-    if any(c.flagged for c in checks):
-        below.append(
-            "FAR FROM PREDICTION: the saving measured is more than 25% away from the probe's. The search goes "
-            "by measured peaks, so the answer stands; only the probe's estimate for that plan is not to be "
-            "trusted (memory the probe cannot see, such as workspaces). `autotune report` shows the trials "
-            "behind each measured saving."
-        )
-    return table, below
+    return table, [FLAG_MEANING] if any(c.flagged for c in checks) else []

@@ -152,3 +152,8 @@ def format_bytes(size: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{value:.2f} TiB"
+
+
+def signed_bytes(size: float) -> str:
+    """``format_bytes`` with a minus for a negative size (a saving that costs memory)."""
+    return ("-" if size < 0 else "") + format_bytes(abs(size))

@@ -47,3 +47,12 @@ class ScriptError(AutotuneError):
     """The training script itself failed (not out of memory) in every trial it was given."""
 
     exit_code = 7
+
+
+def first_line(text: str | None) -> str:
+    """An error's one line for a table cell or a trial line: its first line, or, for a traceback, its last
+    (the exception and its message)."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]

@@ -63,7 +63,7 @@ def every_block(answer: BestAnswer) -> str | None:
 
 def _plan_lines(answer: BestAnswer, where: str, prepare: str = PREPARE_LINE) -> list[str]:
     """How to apply a plan the framework has no argument for: the prepare line, and what it reads."""
-    if parse_plan(answer.plan) == Plan.none():
+    if _no_plan(answer):
         return []
     return [
         f"# the plan {answer.plan} has no argument here: add one line {where}",
@@ -86,7 +86,7 @@ def hugging_face(answer: BestAnswer) -> str:
     fields: list[tuple[str, str]] = [("per_device_train_batch_size", str(answer.batch_size))]
     if answer.grad_accum:
         fields.append(("gradient_accumulation_steps", str(answer.grad_accum)))
-    none = parse_plan(answer.plan) == Plan.none()
+    none = _no_plan(answer)
     fields.append(("gradient_checkpointing", "True" if block else "False"))
     lines = [_header(answer, "Hugging Face TrainingArguments"), *(f"{k}={v}" for k, v in fields)]
     flags = " ".join(f"--{k} {v.lower() if v in ('True', 'False') else v}" for k, v in fields)
@@ -115,22 +115,16 @@ def lightning(answer: BestAnswer) -> str:
 
 def command_line(answer: BestAnswer) -> str:
     """The study's own command with the batch size (and accumulation) filled in, the plan in front."""
-    from autotune.trials.command import ACCUM_PLACEHOLDER, PLACEHOLDER
+    from autotune.trials.command import PLACEHOLDER, fill
 
-    words = list(answer.command)
     if answer.template:
-        words = [
-            w.replace(PLACEHOLDER, str(answer.batch_size)).replace(
-                ACCUM_PLACEHOLDER, str(answer.grad_accum or 1)
-            )
-            for w in words
-        ]
+        words = fill(answer.command, answer.batch_size, answer.grad_accum)
         if not any(PLACEHOLDER in w for w in answer.command):  # the script asks autotune.batch_size()
             exports = answer.env()
         else:
-            exports = {} if parse_plan(answer.plan) == Plan.none() else _plan_env(answer)
+            exports = {} if _no_plan(answer) else _plan_env(answer)
     else:  # a script run under the harness: it reads the batch size from autotune.batch_size()
-        words = ["python", answer.script, *words]
+        words = ["python", answer.script, *answer.command]
         exports = answer.env()
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
     line = f"{prefix} {shlex.join(words)}" if prefix else shlex.join(words)
@@ -138,6 +132,10 @@ def command_line(answer: BestAnswer) -> str:
     if exports.get(PLAN_ENV, "none") != "none" and answer.template:
         lines.insert(1, f"# the script applies the plan with one line: {PREPARE_LINE}")
     return "\n".join(lines)
+
+
+def _no_plan(answer: BestAnswer) -> bool:
+    return parse_plan(answer.plan) == Plan.none()
 
 
 def _plan_env(answer: BestAnswer) -> dict[str, str]:

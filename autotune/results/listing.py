@@ -3,6 +3,7 @@ with what the trials measured."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.backends.probe import saving_per_sample
@@ -10,7 +11,7 @@ from autotune.backends.probe_report import ProbeReport, probe_report_from_json
 from autotune.core.budget import Limit
 from autotune.core.errors import InputError
 from autotune.results.records import study_records
-from autotune.search.records import TrialRecord
+from autotune.search.records import TrialKind, TrialRecord
 from autotune.storage import BestRow, JobState, Store, StudyRow
 
 
@@ -36,6 +37,24 @@ class PlanCheck:
 
 
 FLAG_TOLERANCE = 0.25
+FLAG_MEANING = (
+    f"FAR FROM PREDICTION: the plan's measured saving per sample is more than {FLAG_TOLERANCE:.0%} away from "
+    "what the probe predicted from the activations it saw. The search goes by measured peaks, so the answer "
+    "stands; only the probe's estimate for that plan is not to be trusted (memory the probe cannot see, such "
+    "as workspaces, or a recompute that keeps more than it frees). `autotune report` shows the trials behind "
+    "each measured saving."
+)
+
+
+def not_run_line(records: Sequence[TrialRecord]) -> str | None:
+    """What the search proposed but did not run, counted (None when it ran everything it proposed)."""
+    skipped = sum(r.kind is TrialKind.SKIPPED for r in records)
+    copies = sum(r.kind is TrialKind.COPY for r in records)
+    parts = [
+        f"{skipped} proposal(s) the memory model predicted cannot fit" if skipped else "",
+        f"{copies} re-proposal(s) of a configuration measured already" if copies else "",
+    ]
+    return "not run: " + ", ".join(p for p in parts if p) if skipped or copies else None
 
 
 def studies(store: Store) -> list[StudySummary]:

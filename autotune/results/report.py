@@ -14,22 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.core.budget import format_bytes
+from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.errors import AutotuneError
+from autotune.results.listing import FLAG_MEANING, not_run_line
 from autotune.search.records import TrialKind, TrialRecord
 
 if TYPE_CHECKING:
     from autotune.results.best import BestAnswer
     from autotune.results.listing import PlanCheck, StudyReport
     from autotune.storage import Store
-
-FLAG_MEANING = (
-    "FAR FROM PREDICTION: the plan's measured saving per sample is more than 25% away from what the probe "
-    "predicted from the activations it saw. The search itself goes by measured peaks, so the winner is not "
-    "affected; a flag says the probe's numbers are not to be trusted for that plan (typically workspace or "
-    "allocator memory the probe cannot see, or a plan whose recompute keeps more than it frees). To see why, "
-    "compare `autotune probe` at the probed batch with the plan's trials in this table."
-)
 
 _CHECK_SCRIPT = """
 window.addEventListener("load", () => {
@@ -63,14 +56,6 @@ pre { background: #f4f4f4; padding: 0.7em; white-space: pre-wrap; font-size: 0.8
 .over { color: #b03a2e; } .oom { color: #8e44ad; } .failed { color: #b03a2e; } .dim { color: #888; }
 figure { margin: 0; } svg { max-width: 100%; height: auto; } #pareto svg { width: 100%; }
 """
-
-
-def first_line(text: str | None) -> str:
-    """An error's first line (a traceback's last line is its message: that one), for a one-line cell."""
-    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
 
 
 @dataclass(frozen=True)
@@ -197,16 +182,10 @@ def _trials_html(records: list[TrialRecord], limit: int) -> str:
     for r in records:
         if r.kind in (TrialKind.SKIPPED, TrialKind.COPY):
             continue
-        outcome = str(r.outcome or r.state.lower())
-        css = outcome
-        if r.measured and r.outcome is not None and r.outcome.value == "complete":
-            fits = r.fits(limit)
-            outcome += " (fits)" if fits else " (over the limit)"
-            css = "" if fits else "over"
+        outcome = r.outcome_text(limit)
+        css = {"fits": "", "over limit": "over"}.get(outcome, outcome)
         predicted = format_bytes(r.predicted_peak_bytes) if r.predicted_peak_bytes else ""
-        note = r.note or first_line(r.error)
-        if r.kind not in (TrialKind.MEASURED, TrialKind.VERIFICATION):
-            note = f"{r.kind}: {note}" if note else str(r.kind)
+        note = r.note_text
         log = f" <span class=dim>log: {e(r.log_dir)}</span>" if r.log_dir and r.error else ""
         batch = f"{r.batch_size}x{r.grad_accum}" if r.grad_accum else str(r.batch_size)
         cells = [
@@ -221,14 +200,8 @@ def _trials_html(records: list[TrialRecord], limit: int) -> str:
     head = "".join(
         f"<th>{h}</th>" for h in ("#", "batch", "plan", "outcome", "peak", "predicted", "samples/s", "note")
     )
-    skipped = sum(r.kind is TrialKind.SKIPPED for r in records)
-    copies = sum(r.kind is TrialKind.COPY for r in records)
-    tail = (
-        f"<p class=dim>Not run: {skipped} proposal(s) the memory model predicted cannot fit, {copies} "
-        "re-proposal(s) of a configuration already measured.</p>"
-        if skipped or copies
-        else ""
-    )
+    not_run = not_run_line(records)
+    tail = f"<p class=dim>{e(not_run)}.</p>" if not_run else ""
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>{tail}"
 
 
@@ -236,9 +209,7 @@ def _checks_html(checks: list[PlanCheck]) -> str:
     e = html.escape
 
     def saving(size: float | None) -> str:
-        if size is None:
-            return "not measured"
-        return ("-" if size < 0 else "") + format_bytes(abs(size))
+        return "not measured" if size is None else signed_bytes(size)
 
     rows = "".join(
         f"<tr><td>{e(c.plan)}</td><td class=n>{e(saving(c.predicted))}</td><td class=n>{e(saving(c.measured))}"

@@ -143,7 +143,8 @@ class Search:
             if self.misses >= MAX_MISSES:
                 self._stop(
                     f"stopped after {counted} trials: every configuration left is predicted not to fit "
-                    "or was measured already"
+                    "or was measured already",
+                    counted,
                 )
             return Step.BUSY if busy else Step.FINISHED
         model = model_of(records, self.savings)
@@ -154,7 +155,7 @@ class Search:
         if isinstance(proposal, Finished):
             if busy:  # other workers' trials may still raise the incumbent or prove a candidate
                 return Step.BUSY
-            self._stop(f"stopped after {counted} trials: {proposal.reason}")
+            self._stop(f"stopped after {counted} trials: {proposal.reason}", counted)
             return Step.FINISHED
         if proposal is None and not model.calibrated and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
@@ -167,11 +168,11 @@ class Search:
             self.store.forget_slot(self.name, slot)
         return step
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, counted: int) -> None:
         if self.stopped is None:
             self.stopped = reason
             self.reporter.note(reason)
-            self.reporter.searching(sum(r.counted for r in records_of(self.study)), self.target, 0)
+            self.reporter.searching(counted, self.target, 0)
 
     def _check_hopeless(self, records: list[TrialRecord], model: MemoryModel) -> None:
         """End a hopeless search before another trial: the probe's fixed memory alone passes the limit, or

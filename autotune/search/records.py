@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.budget import fits
 from autotune.core.enums import TextEnum
+from autotune.core.errors import first_line
 from autotune.core.protocol import Outcome, RankResult
 from autotune.core.stats import Interval
 
@@ -90,6 +91,21 @@ class TrialRecord:
 
     def fits(self, limit: int) -> bool:
         return fits(self.outcome, self.peak_bytes, limit)
+
+    def outcome_text(self, limit: int | None) -> str:
+        """How it ended, in a word or two: ``fits`` / ``over limit`` for a complete trial against ``limit``
+        (the budget less headroom), else its outcome (``over-budget``: stopped as it passed the budget)."""
+        if self.outcome is Outcome.COMPLETE and limit is not None and self.peak_bytes is not None:
+            return "fits" if self.fits(limit) else "over limit"
+        return str(self.outcome or self.state.lower())
+
+    @property
+    def note_text(self) -> str:
+        """Its note, else its error's one line; prefixed with its kind when it was not measured here."""
+        note = self.note or first_line(self.error)
+        if self.kind not in (TrialKind.MEASURED, TrialKind.VERIFICATION):
+            note = f"{self.kind}: {note}" if note else str(self.kind)
+        return note
 
     @property
     def throughput(self) -> Interval | None:

@@ -66,10 +66,7 @@ class TrialCommand:
         """The command line of a trial with ``batch_size`` (accumulating ``grad_accum`` micro-batches)."""
         if not self.is_template:
             return [sys.executable, "-m", "autotune.runtime.harness", *self.words]
-        words = [
-            w.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(grad_accum or 1))
-            for w in self.words
-        ]
+        words = fill(self.words, batch_size, grad_accum)
         if not _PYTHON.fullmatch(os.path.basename(words[0])) or self.runs_launcher_module:
             return words  # the runtime comes in through sitecustomize, in every rank
         i = 1
@@ -131,6 +128,14 @@ class TrialCommand:
 
     def __str__(self) -> str:
         return " ".join(self.words)
+
+
+def fill(words: Sequence[str], batch_size: int, grad_accum: int | None) -> list[str]:
+    """A template's words with ``{batch_size}`` and ``{grad_accum}`` (1 when not accumulating) filled in."""
+    return [
+        w.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(grad_accum or 1))
+        for w in words
+    ]
 
 
 def _option(words: tuple[str, ...], name: str, default: str) -> str:

@@ -8,6 +8,7 @@ shares its measurements; the study key (autotune.search.naming) adds what a sear
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -54,6 +55,7 @@ def digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+@functools.cache  # every trial's environment names its workload's folders: read the metadata once
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
