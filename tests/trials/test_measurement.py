@@ -178,8 +178,11 @@ def test_sigkill_of_the_tuner_leaves_no_trial_alive(tmp_path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # The script opens the file before it writes its line: wait for the whole line.
     deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        if pid_file.exists() and pid_file.read_text().endswith("\n"):
+            break
         time.sleep(0.05)
     trial_pids = [int(pid) for pid in pid_file.read_text().split()]
     assert len(trial_pids) == 2
