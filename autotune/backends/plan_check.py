@@ -1,7 +1,9 @@
 """The probe's correctness check: each plan the search may use, tried on the script's own model and batch
 against no plan, before any trial measures it.
 
-A plan must never change the numbers. Each check runs one forward and backward of the model on the batch
+A plan must never change the numbers. A compile plan (``compile:R``) is checked on the graphs torch's
+partitioner makes at that budget, run as traced (no code generation: what is checked is which values the
+backward recomputes, not a kernel's rounding). Each check runs one forward and backward of the model on the batch
 the probe recorded, from the same random state (dropout draws the same masks), with the model's buffers
 put back before each run, and compares the loss and every parameter's gradient with no plan's. The loss is
 the model's own when its output carries one (a Hugging Face model given labels), else a fixed function of
@@ -19,7 +21,8 @@ follows is not timed with the check in it (autotune.runtime.trial).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -58,11 +61,12 @@ def check_plans(model: nn.Module, inputs: Inputs, plans: Sequence[str]) -> list[
             return []
         checks = []
         for plan in plans:
+            parsed = parse_plan(plan)
             try:
-                with plan_applied(model, parse_plan(plan)):
-                    result = _one_step(model, params, inputs, buffers)
+                with plan_applied(model, parsed), _compiled(model, parsed.compile_budget) as run:
+                    result = _one_step(run, params, inputs, buffers)
             except Exception as error:
-                checks.append(PlanCheck(plan, error=_one_line(error)))
+                checks.append(PlanCheck(plan, error=one_line(error)))
                 continue
             checks.append(_compare(plan, reference, result, tolerance))
         return checks
@@ -75,8 +79,27 @@ def check_plans(model: nn.Module, inputs: Inputs, plans: Sequence[str]) -> list[
 _Step = tuple[float, list[torch.Tensor | None]]
 
 
+@contextlib.contextmanager
+def _compiled(model: nn.Module, budget: float | None) -> Iterator[Callable[..., Any]]:
+    """``model`` itself, or for a compile budget ``model`` compiled with torch's partitioner at that budget
+    and the graphs run as traced; dynamo's caches are cleared before and after."""
+    if budget is None:
+        yield model
+        return
+    import torch._dynamo
+
+    from autotune.backends.torch_compile import budget_backend, real_compile
+
+    backend = budget_backend(budget)
+    torch._dynamo.reset()
+    try:
+        yield real_compile()(model, backend=backend, dynamic=False)
+    finally:
+        torch._dynamo.reset()
+
+
 def _one_step(
-    model: nn.Module,
+    model: Callable[..., Any],
     params: list[nn.Parameter],
     inputs: Inputs,
     buffers: list[tuple[torch.Tensor, torch.Tensor]],
@@ -154,6 +177,6 @@ def _restore(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
             buffer.copy_(value)
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")

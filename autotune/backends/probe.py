@@ -15,6 +15,11 @@ and re-materialises a checkpointed unit when it reaches it, with only the earlie
 A policy that caches outputs autograd would not have kept can save less than nothing; the prediction says so,
 and such a plan is never offered.
 
+An offload rule moves what its instances save to host memory, their inputs included, and brings it back
+when backward reaches them: the same formula with nothing kept (on a GPU; on the CPU it saves nothing). A
+compile budget saves what torch's partitioner says: the bytes its forward graphs save at the default
+budget minus at this one (autotune.backends.torch_compile); module rules add theirs on top.
+
 Which plans the search may use (:func:`default_plans`): those predicted to save memory that also passed the
 probe's correctness check (each tried on the script's own model against no plan, torch_probe). Every other
 plan the probe looked at is listed with the reason it was left out.
@@ -22,7 +27,7 @@ plan the probe looked at is listed with the reason it was left out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.backends import ort_plans
 from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
@@ -51,6 +56,18 @@ class ProbeRow:
 
 def predicted_saving(data: TorchProbeReport, plan: Plan) -> int:
     """Bytes ``plan`` is predicted to save at the probed batch size."""
+    return _module_saving(data, plan) + _compile_saving(data, plan.compile_budget)
+
+
+def _compile_saving(data: TorchProbeReport, budget: float | None) -> int:
+    """What torch's partitioner saves at ``budget`` against its default (0 when it was not asked)."""
+    if budget is None:
+        return 0
+    default, at = data.compile_partition(1.0), data.compile_partition(budget)
+    return default.saved_bytes - at.saved_bytes if default is not None and at is not None else 0
+
+
+def _module_saving(data: TorchProbeReport, plan: Plan) -> int:
     instances = {i.name: i for i in data.instances}
     chosen = _chosen(data, plan)
     outer = {c.cls for c in data.candidates if c.outermost}
@@ -59,10 +76,7 @@ def predicted_saving(data: TorchProbeReport, plan: Plan) -> int:
     held, recomputed = [], []
     for unit in units:
         inside = [name for name in chosen if name == unit.name or name.startswith(unit.name + ".")]
-        reduction = sum(
-            instances[n].saved_bytes - _kept(instances[n], chosen[n].ops) - instances[n].input_bytes
-            for n in inside
-        )
+        reduction = sum(_reduction(instances[n], chosen[n], data.gpu) for n in inside)
         held.append(unit.saved_bytes - reduction)
         recomputed.append(bool(inside))
     peak = sum(held)
@@ -70,6 +84,13 @@ def predicted_saving(data: TorchProbeReport, plan: Plan) -> int:
         if recomputed[index]:
             peak = max(peak, sum(held[:index]) + unit.saved_bytes)
     return int(sum(u.saved_bytes for u in units) - peak)
+
+
+def _reduction(instance: InstanceStats, rule: ModuleRule, gpu: bool) -> int:
+    """What an instance no longer holds on the device until backward reaches it."""
+    if rule.offload:
+        return instance.saved_bytes if gpu else 0
+    return instance.saved_bytes - _kept(instance, rule.ops) - instance.input_bytes
 
 
 def _chosen(data: TorchProbeReport, plan: Plan) -> dict[str, ModuleRule]:
@@ -99,8 +120,11 @@ def forward_share(data: ProbeReport, plan: str) -> float | None:
     op_total = sum(data.op_seconds.values())
     instances = {i.name: i for i in data.instances}
     seconds = 0.0
-    for name, rule in _chosen(data, parse_plan(plan)).items():
-        recomputed = 1.0
+    parsed = parse_plan(plan)
+    if parsed.compile_budget is not None:
+        return None  # the partitioner's choice of ops: not timed by the probe
+    for name, rule in _chosen(data, parsed).items():
+        recomputed = 0.0 if rule.offload else 1.0
         if rule.ops is not None and op_total > 0:
             recomputed = sum(t for kind, t in data.op_seconds.items() if not rule.ops.saves(kind)) / op_total
         seconds += instances[name].forward_seconds * recomputed
@@ -127,6 +151,35 @@ def rows(data: ProbeReport) -> list[ProbeRow]:
     for region in (c for c in data.candidates if c.outermost):
         members = [i for i in data.instances if i.cls == region.cls]
         out += _operator_rows(data, region.cls, members)
+    for region in (c for c in data.candidates if c.outermost):
+        row = _row(
+            data, "offload", f"{region.cls}:1/offload", region.count, 0.0, "saved tensors in host memory"
+        )
+        if not data.gpu:
+            row = replace(row, excluded=GPU_ONLY)
+        out.append(row)
+    return out + _compile_rows(data)
+
+
+GPU_ONLY = "GPU only: offloading to host memory saves nothing on the CPU"
+
+
+def _compile_rows(data: TorchProbeReport) -> list[ProbeRow]:
+    """A row per budget torch's partitioner was asked about (1, its default, is the plan none): a budget
+    with the partition of a larger one is left out as that one."""
+    default = data.compile_partition(1.0)
+    out = []
+    for part in data.compile_partitions:
+        if part.ratio == 1.0 or default is None:
+            continue
+        detail = f"keeps {_mib(part.saved_bytes)} of {_mib(default.saved_bytes)} MiB" + (
+            f" in {part.graphs} graphs" if part.graphs > 1 else ""
+        )
+        row = _row(data, "compile", f"compile:{part.ratio:g}", part.graphs, 0.0, detail)
+        if part.same_as is not None:
+            same = "none" if part.same_as == 1.0 else f"compile:{part.same_as:g}"
+            row = replace(row, excluded=f"same partition as {same}")
+        out.append(replace(row, forward_share=None))
     return out
 
 
@@ -159,8 +212,14 @@ def selective_policy(members: list[InstanceStats]) -> OpPolicy | None:
 def plans_to_check(data: TorchProbeReport) -> tuple[str, ...]:
     """The plans the search may propose by default, each class in full (its ratios apply the same
     mechanism to fewer instances): the probe's correctness check tries each on the model."""
-    searched = {r.plan for r in rows(data) if r.level == "module" or "/save=" in r.plan}
-    return tuple(r.plan for r in rows(data) if r.plan in searched and r.saving_bytes > 0)
+    table = rows(data)
+    searched = {
+        r.plan
+        for r in table
+        if r.level in ("module", "offload", "compile") or "/save=" in r.plan
+        if not r.excluded.startswith(("same partition", GPU_ONLY))
+    }
+    return tuple(r.plan for r in table if r.plan in searched and r.saving_bytes > 0)
 
 
 def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -168,8 +227,10 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     plans left out with why.
 
     Order: none; the outermost classes in full; the selective operator-level plan of each; the outermost
-    classes at 25/50/75% (four instances or more); the nested classes in full. Left out: a plan predicted to
-    save nothing, and one that failed the probe's correctness check (its ratios with it)."""
+    classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
+    each distinct compile budget, largest first; on a GPU, offloading the outermost classes. Left out: a
+    plan predicted to save nothing, one that failed the probe's correctness check (its ratios with it), a
+    budget with another's partition, offload on the CPU."""
     if isinstance(data, OrtProbeReport):
         return ort_plans.default_plans(data), {}
     if data is None:
@@ -180,8 +241,14 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     selective = [p for p in table if "/save=" in p]
     ratios = [f"{c.cls}:{ratio:g}" for c in outer if c.count >= 4 for ratio in RATIOS]
     nested = [f"{c.cls}:1" for c in data.candidates if not c.outermost]
+    compiled = sorted((p for p in table if p.startswith("compile:")), key=lambda p: -float(p.split(":")[1]))
+    offload = [p for p in table if p.endswith("/offload")]
     plans, excluded = ["none"], {}
-    for plan in dict.fromkeys(str(parse_plan(p)) for p in [*full, *selective, *ratios, *nested]):
+    if data.compiles and data.compile_error:
+        excluded["compile:*"] = f"torch's partitioner could not be asked: {data.compile_error}"
+    for plan in dict.fromkeys(
+        str(parse_plan(p)) for p in [*full, *selective, *ratios, *nested, *compiled, *offload]
+    ):
         row = table.get(plan) or table[f"{parse_plan(plan).rules[0].cls}:1"]  # a ratio: as its class
         if plan not in table and row.excluded:
             excluded[plan] = f"as {row.plan}: {row.excluded}"
@@ -200,7 +267,7 @@ def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple
         InputError: every named plan failed its check.
     """
     checks = {c.plan: c for c in data.checks} if isinstance(data, TorchProbeReport) else {}
-    excluded = {}
+    excluded = _same_partitions(plans, data) if isinstance(data, TorchProbeReport) else {}
     for plan in plans if checks else ():  # a per-rank plan stands or falls with its entries
         failed = [
             checks[e] for e in (str(x) for x in parse_plan(plan).entries) if e in checks and not checks[e].ok
@@ -216,6 +283,27 @@ def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple
         reasons = "; ".join(f"{plan}: {why}" for plan, why in excluded.items())
         raise InputError(f"no plan named with --plans keeps the numbers of no plan: {reasons}")
     return kept, excluded
+
+
+def _same_partitions(plans: tuple[str, ...], data: TorchProbeReport) -> dict[str, str]:
+    """Named compile plans whose partition is an earlier named plan's (or the default's: none): one
+    candidate, measured once. Plans whose budget the probe did not ask about are kept."""
+    seen: dict[tuple[object, ...], str] = {}
+    default = data.compile_partition(1.0)
+    if default is not None:
+        seen[((), default.partition)] = "none"
+    excluded = {}
+    for plan in plans:
+        parsed = parse_plan(plan)
+        part = data.compile_partition(parsed.compile_budget) if parsed.compile_budget is not None else None
+        if parsed.ranks or part is None:
+            continue
+        key = (parsed.rules, part.partition)
+        if key in seen:
+            excluded[plan] = f"same partition as {seen[key]} (measured once)"
+        else:
+            seen[key] = plan
+    return excluded
 
 
 def summary(data: ProbeReport) -> dict[str, int | float | None]:
@@ -241,6 +329,11 @@ def check_plans(plans: tuple[str, ...] | None, data: ProbeReport | None) -> None
         return  # nothing to check against: ORT plans, or a script that trained no torch module
     known = {c.cls: c.count for c in data.candidates}
     for plan in plans:
+        if parse_plan(plan).compiles and not data.compiles:
+            raise InputError(
+                f"plan {plan!r} sets torch.compile's activation memory budget, but the script never calls "
+                "torch.compile (the probe saw it train eagerly)"
+            )
         for rule in (r for entry in parse_plan(plan).entries for r in entry.rules):
             if rule.cls not in known:
                 listed = (
@@ -264,7 +357,7 @@ def _row(
         )
     elif check is not None and not check.ok:
         excluded = check.reason
-    elif data.checks and check is None and (level == "module" or "/save=" in plan):
+    elif data.checks and check is None and (level in ("module", "offload", "compile") or "/save=" in plan):
         excluded = "not checked against no plan"
     else:
         excluded = ""

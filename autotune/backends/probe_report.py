@@ -95,6 +95,31 @@ class PlanCheck:
 
 
 @dataclass(frozen=True)
+class CompilePartition:
+    """What torch.compile's partitioner does with the model at one activation memory budget (the probe
+    asks it: autotune.backends.torch_compile). ``saved_bytes``: what the forward graphs hand to the backward
+    at the probed batch size; ``same_as``: the larger ratio whose partition (forward and backward graphs)
+    is this one's, so it is no plan of its own."""
+
+    ratio: float
+    partition: str  # a hash of the forward and backward graphs of every compiled region
+    saved_bytes: int
+    graphs: int  # compiled regions (more than one: graph breaks)
+    same_as: float | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompilePartition:
+        same = data.get("same_as")
+        return cls(
+            float(data["ratio"]),
+            str(data["partition"]),
+            int(data["saved_bytes"]),
+            int(data["graphs"]),
+            None if same is None else float(same),
+        )
+
+
+@dataclass(frozen=True)
 class TorchProbeReport:
     """The torch probe: the model's candidates and what each instance keeps for backward."""
 
@@ -108,6 +133,12 @@ class TorchProbeReport:
     candidates: tuple[ModuleCandidate, ...]
     instances: tuple[InstanceStats, ...]
     checks: tuple[PlanCheck, ...] = ()  # each plan the search may use, against no plan (older probes: none)
+    compiles: bool = False  # the script called torch.compile
+    # the partitioner at each candidate budget, 1 (torch's default) included; empty: the script does not
+    # compile, or the model could not be traced (``compile_error``)
+    compile_partitions: tuple[CompilePartition, ...] = ()
+    compile_error: str | None = None
+    gpu: bool = False  # probed on a GPU: offload plans can save device memory
 
     backend = Backend.TORCH
 
@@ -127,7 +158,17 @@ class TorchProbeReport:
             candidates=tuple(ModuleCandidate.from_json(c) for c in data["candidates"]),
             instances=tuple(InstanceStats.from_json(i) for i in data["instances"]),
             checks=tuple(PlanCheck.from_json(c) for c in data.get("checks", ())),
+            compiles=bool(data.get("compiles", False)),
+            compile_partitions=tuple(
+                CompilePartition.from_json(c) for c in data.get("compile_partitions", ())
+            ),
+            compile_error=data.get("compile_error"),
+            gpu=bool(data.get("gpu", False)),
         )
+
+    def compile_partition(self, ratio: float) -> CompilePartition | None:
+        """The probe's partition at ``ratio`` (None: not asked)."""
+        return next((p for p in self.compile_partitions if abs(p.ratio - ratio) < 1e-9), None)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ State that a block changes as it runs is handled, never recomputed twice:
   not found in storage") and plain recompute is right only by luck.
 - buffers that the forward updates in place (BatchNorm's running statistics) are put back after the
   recompute, so a checkpointed block updates them once per step, as without a plan.
+
+An offload rule (``Block:0.5/offload``) recomputes nothing: the chosen instances run under
+``torch.autograd.graph.save_on_cpu``, so what autograd saves in them waits for backward in host memory
+(pinned, on a GPU) and comes back when backward needs it. Their numbers are those of no plan.
+
+A plan's compile budget is not applied here: it is torch.compile's setting (autotune.backends.torch_compile).
 """
 
 from __future__ import annotations
@@ -138,9 +144,13 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
     }
     modules = dict(model.named_modules())
     for name, rule in chosen.items():
-        if not _has_ancestor(name, set(chosen)):
+        if _has_ancestor(name, set(chosen)):
+            continue
+        if rule.offload:
+            modules[name].forward = _Offloaded(modules[name])
+        else:
             _checkpoint_module(modules[name], rule.ops)
-    hf_layers = {name for name in chosen if _is_hf_layer(modules[name])}
+    hf_layers = {name for name, rule in chosen.items() if _is_hf_layer(modules[name]) and not rule.offload}
     for name, module in modules.items():
         holds_one = any(layer.startswith(name + ".") or not name for layer in hf_layers)
         if holds_one and hasattr(module, "gradient_checkpointing") and not _is_hf_layer(module):
@@ -150,7 +160,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
             # function that only calls it.
             setattr(module, "gradient_checkpointing", True)  # noqa: B010 (nn.Module's typed __setattr__)
             setattr(module, "_gradient_checkpointing_func", _call)  # noqa: B010
-    applied = Plan(rules=tuple(sorted(rules)))
+    applied = Plan(rules=tuple(sorted(rules)), compile_budget=plan.compile_budget)
     setattr(model, _MARK, applied)
     return applied
 
@@ -219,6 +229,17 @@ class _Recompute:
         self.ops = ops
 
     def __call__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        context: dict[str, Any] = {}
+        if self.ops is not None:
+            context["context_fn"] = functools.partial(
+                create_selective_checkpoint_contexts, functools.partial(_policy, self.ops)
+            )
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: the checkpoint becomes part of the graph, and the partitioner's
+            # backward recomputes pure functions of the forward's values (buffer updates are applied once,
+            # by the forward). The buffer swap below mutates Python state, which dynamo cannot trace
+            # inside a checkpoint: it would break the graph and run every checkpointed block eagerly.
+            return checkpoint(function, *args, use_reentrant=False, **context, **kwargs)
         # The buffers as the forward finds them, copied outside the region: the recompute runs on these
         # copies, so it sees what the forward saw, and what it updates in place is thrown away. (Kernels
         # such as batch norm's update running statistics without bumping their version counters, so which
@@ -247,11 +268,6 @@ class _Recompute:
                 for owner, key, buffer in buffers:
                     owner._buffers[key] = buffer
 
-        context: dict[str, Any] = {}
-        if self.ops is not None:
-            context["context_fn"] = functools.partial(
-                create_selective_checkpoint_contexts, functools.partial(_policy, self.ops)
-            )
         return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
 
 
@@ -268,6 +284,21 @@ class _Checkpointed:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         return self.recompute(forward, *args, **kwargs)
+
+
+class _Offloaded:
+    """An instance-level ``forward`` whose saved tensors wait for backward in host memory (pinned when a GPU
+    is in use, so the copies back can overlap)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward: Callable[..., Any] = type(self.module).forward.__get__(self.module)
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+            return forward(*args, **kwargs)
 
 
 def _policy(ops: OpPolicy, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

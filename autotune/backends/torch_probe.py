@@ -7,7 +7,10 @@ Forward #2 of the prepared model (after one optimizer step, when lazy state exis
   output bytes of every op inside each instance (what an operator policy would cache), and op times.
 Forward #3 runs with module hooks only, to time each instance without the recorder's overhead. At the
 optimizer step after it, the plans the search may use are each checked against no plan on forward #2's
-inputs (autotune.backends.plan_check), with the probe's hooks and the trial's step timing paused.
+inputs (autotune.backends.plan_check), with the probe's hooks and the trial's step timing paused. For a
+script that calls torch.compile (which runs eagerly in a probe trial, so the instruments see every op),
+torch's partitioner is first asked what each candidate activation memory budget does to the model
+(autotune.backends.torch_compile), and the distinct ones are checked like any plan.
 
 The result is a :class:`~autotune.backends.probe_report.TorchProbeReport` (``autotune.backends.probe`` predicts
 plan savings from it in the tuner).
@@ -25,11 +28,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autotune.backends import plan_check
+from autotune.backends import plan_check, torch_compile
 from autotune.backends.ops import may_save, op_kind, op_name
 from autotune.backends.probe import plans_to_check
-from autotune.backends.probe_report import InstanceStats, PlanCheck, TorchProbeReport
+from autotune.backends.probe_report import CompilePartition, InstanceStats, PlanCheck, TorchProbeReport
 from autotune.backends.torch_modules import Candidate, find_candidates
+from autotune.core.plans import parse_plan
 
 RECORDED_FORWARD = 2
 TIMED_FORWARD = 3
@@ -62,6 +66,9 @@ class Probe:
         self.paused = False  # while the plans are checked: those forwards are not the script's
         self.inputs_seen: plan_check.Inputs | None = None  # forward #2's inputs, for the plan checks
         self.checks: list[PlanCheck] | None = None
+        self.compiles = False  # the script called torch.compile (the trial tells: after_step)
+        self.compile_partitions: list[CompilePartition] = []
+        self.compile_error: str | None = None
         self._attach()
 
     def _attach(self) -> None:
@@ -79,11 +86,30 @@ class Probe:
             return
         self.paused, trial.counting = True, False
         try:
+            self.compiles = bool(getattr(trial, "compiled", False))
+            if self.compiles:
+                self._ask_partitioner()
             plans = dict.fromkeys([*plans_to_check(self.result()), *self.extra_checks])
             self.checks = plan_check.check_plans(self.model, self.inputs_seen, list(plans))
         finally:
             self.paused, trial.counting = False, True
             self.inputs_seen = None
+
+    def _ask_partitioner(self) -> None:
+        """torch.compile's partition of the model at each candidate budget (and those the user named)."""
+        assert self.inputs_seen is not None  # after_step checked
+        named = [
+            e.compile_budget
+            for p in self.extra_checks
+            for e in parse_plan(p).entries
+            if e.compile_budget is not None
+        ]
+        try:
+            self.compile_partitions = torch_compile.partitions(
+                self.model, self.inputs_seen, sorted({*torch_compile.CANDIDATE_RATIOS, *named})
+            )
+        except Exception as error:  # a model dynamo cannot trace: no compile plans, and why
+            self.compile_error = plan_check.one_line(error)
 
     def _root_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if self.paused:
@@ -176,6 +202,10 @@ class Probe:
                 for n in c.names
             ),
             checks=tuple(self.checks or ()),
+            compiles=self.compiles,
+            compile_partitions=tuple(self.compile_partitions),
+            compile_error=self.compile_error,
+            gpu=torch.cuda.is_available() and torch.cuda.is_initialized(),
         )
 
 

@@ -80,6 +80,14 @@ WARMUP_STEPS = click.option(
     show_default=True,
     help="Warm-up steps per trial (not timed).",
 )
+WARMUP_MAX = click.option(
+    "--warmup-max",
+    type=click.IntRange(min=1),
+    default=TrialSettings.warmup_max,
+    show_default=True,
+    help="At most this many warm-up steps: a first measured step 1.5x slower than the others (a "
+    "recompilation, autotuning) becomes warm-up and one more is measured, until then. --warmup-max 1: never.",
+)
 DEVICE = click.option(
     "--device",
     default="auto",
@@ -106,7 +114,7 @@ STARTUP_TIMEOUT = click.option(
 def trial_options(command: F) -> F:
     """Options every command that runs trials takes."""
     cache_dir = cache_dir_option("Database and trial logs (default: the user cache dir).")
-    return _apply(command, [STEPS, WARMUP_STEPS, DEVICE, TIMEOUT, STARTUP_TIMEOUT, cache_dir])
+    return _apply(command, [STEPS, WARMUP_STEPS, WARMUP_MAX, DEVICE, TIMEOUT, STARTUP_TIMEOUT, cache_dir])
 
 
 def search_options(command: F) -> F:
@@ -165,5 +173,9 @@ def search_options(command: F) -> F:
 def settings_of(options: dict[str, Any]) -> TrialSettings:
     """The TrialSettings that ``trial_options`` describe."""
     return TrialSettings(
-        options["warmup_steps"], options["steps"], options["startup_timeout"], options["timeout"]
+        options["warmup_steps"],
+        options["steps"],
+        options["startup_timeout"],
+        options["timeout"],
+        warmup_max=options["warmup_max"],
     )

@@ -51,7 +51,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 ("plan", best.plan),
                 (
                     "peak",
-                    f"{format_bytes(best.verified_peak_bytes)} verified over a longer run "
+                    f"{format_bytes(best.verified_peak_bytes)}, the largest of its trials, a longer one included "
                     f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})",
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),

@@ -71,6 +71,15 @@ def measured(result: TrialResult) -> str:
                 f"{format_bytes(result.torch_peak_reserved)} reserved",
             )
         )
+    if result.peak_phase is not None:
+        rows.append(
+            (
+                "phases",
+                f"warm-up ({result.warmup_steps} steps) {format_bytes(result.warmup_peak_bytes or 0)}, "
+                f"steady {format_bytes(result.steady_peak_bytes or 0)} (sampled): the peak was set in "
+                f"{result.peak_phase}; the budget is checked against the whole run's",
+            )
+        )
     if result.compile_cache:
         cache = result.compile_cache
         rows.append(

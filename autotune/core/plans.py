@@ -15,6 +15,13 @@ can name stored trials::
 
     Block:1/save=conv        the same for a convolutional block: keep convolution outputs, recompute norms
                              and activations
+    Block:0.5/offload        activation offload: the tensors the first half of the Blocks save for backward
+                             go to (pinned) host memory and come back for backward: nothing is recomputed,
+                             device memory is traded for transfers (GPU only: on the CPU it saves nothing)
+    compile:0.5              for a script that calls torch.compile: the partitioner's activation memory
+                             budget (``torch._functorch.config.activation_memory_budget``), set before the
+                             first compilation: 1 is torch's default, 0 recomputes all it can. Combinable
+                             with module rules (``Block:1,compile:0.5``)
     Block:1|Block:0.5|none   a plan per rank of a multi-process job, in rank order: rank 0 checkpoints every
                              Block, rank 1 half of them, rank 2 nothing (a pipeline's first stages keep
                              more activations than its last). ``autotune.prepare`` applies the entry of
@@ -22,7 +29,7 @@ can name stored trials::
 
 Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
-Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
+``compile`` is a word of the grammar, not a class name. Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
 in module order are checkpointed (at least one for any ratio > 0).
 
 This module imports no torch: plans are parsed and printed by commands that run no trial.
@@ -58,6 +65,7 @@ class Backend(TextEnum):
 _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 OP_KINDS = ("matmul", "conv", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
 _RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
+COMPILE = "compile"  # the plan word for torch.compile's activation memory budget
 
 
 @dataclass(frozen=True, order=True)
@@ -90,19 +98,24 @@ class ModuleRule:
     cls: str
     ratio: float = 1.0
     ops: OpPolicy | None = None
+    offload: bool = False  # keep the saved tensors in host memory instead of recomputing them
 
     def __post_init__(self) -> None:
-        if not _CLASS.fullmatch(self.cls):
+        if not _CLASS.fullmatch(self.cls) or self.cls == COMPILE:
             raise InputError(f"invalid module class name {self.cls!r} in plan")
         if not 0 < self.ratio <= 1 or math.isnan(self.ratio):
             raise InputError(f"plan ratio for {self.cls} must be in (0, 1], got {self.ratio}")
+        if self.offload and self.ops is not None:
+            raise InputError(f"plan rule for {self.cls}: offload takes no operator policy")
 
     def count(self, instances: int) -> int:
         """How many of ``instances`` this rule checkpoints."""
         return max(1, math.floor(self.ratio * instances + 0.5)) if instances else 0
 
     def __str__(self) -> str:
-        return f"{self.cls}:{self.ratio:.3g}" + (f"/{self.ops}" if self.ops else "")
+        return f"{self.cls}:{self.ratio:.3g}" + (
+            f"/{self.ops}" if self.ops else "/offload" if self.offload else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,13 @@ class Plan:
     rules: tuple[ModuleRule, ...] = ()
     everything: bool = False
     ranks: tuple[Plan, ...] = ()  # a plan per rank (rank order); rules and everything unset then
+    # torch.compile's activation memory budget (0-1) for a script that compiles; None: torch's own (1)
+    compile_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        budget = self.compile_budget
+        if budget is not None and (math.isnan(budget) or not 0 <= budget <= 1):
+            raise InputError(f"compile budget must be in [0, 1], got {budget}")
 
     @classmethod
     def per_rank(cls, plans: Sequence[Plan]) -> Plan:
@@ -153,16 +173,25 @@ class Plan:
 
     @property
     def is_none(self) -> bool:
-        return not self.rules and not self.everything and all(p.is_none for p in self.ranks)
+        return (
+            not self.rules
+            and not self.everything
+            and self.compile_budget is None
+            and all(p.is_none for p in self.ranks)
+        )
+
+    @property
+    def compiles(self) -> bool:
+        """Whether it sets torch.compile's activation memory budget (of any rank)."""
+        return any(entry.compile_budget is not None for entry in self.entries)
 
     def __str__(self) -> str:
         if self.ranks:
             return "|".join(str(p) for p in self.ranks)
-        if self.everything:
-            return "all"
-        if not self.rules:
-            return "none"
-        return ",".join(str(rule) for rule in self.rules)
+        parts = ["all"] if self.everything else [str(rule) for rule in self.rules]
+        if self.compile_budget is not None:
+            parts.append(f"{COMPILE}:{self.compile_budget:.3g}")
+        return ",".join(parts) or "none"
 
 
 def parse_plan(text: str) -> Plan:
@@ -184,9 +213,17 @@ def parse_plan(text: str) -> Plan:
     if spec.lower() == "all":
         return Plan.all()
     rules: dict[str, ModuleRule] = {}
+    everything = False
+    budget: float | None = None
     for part in spec.split(","):
+        if part.strip().lower() == "all":
+            everything = True
+            continue
         part, _, policy_text = part.partition("/")
         name, sep, ratio_text = part.strip().partition(":")
+        if name == COMPILE:
+            budget = _compile_budget(ratio_text if sep else "", policy_text, text, budget)
+            continue
         if sep and not (ratio_text and _RATIO.fullmatch(ratio_text)):
             raise InputError(f"invalid plan {text!r}: ratio {ratio_text!r} must be a number in (0, 1]")
         if not _CLASS.fullmatch(name):
@@ -195,8 +232,23 @@ def parse_plan(text: str) -> Plan:
             )
         if name in rules:
             raise InputError(f"invalid plan {text!r}: class {name} named twice")
-        rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, _parse_policy(policy_text, text))
-    return Plan(rules=tuple(sorted(rules.values())))
+        offload = policy_text.strip() == "offload"
+        ops = None if offload else _parse_policy(policy_text, text)
+        rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, ops, offload)
+    if everything and rules:
+        raise InputError(f"invalid plan {text!r}: 'all' names its own classes: give it or classes, not both")
+    return Plan(rules=tuple(sorted(rules.values())), everything=everything, compile_budget=budget)
+
+
+def _compile_budget(ratio: str, rest: str, plan: str, earlier: float | None) -> float:
+    if earlier is not None:
+        raise InputError(f"invalid plan {plan!r}: compile named twice")
+    if rest or not _RATIO.fullmatch(ratio) or not 0 <= float(ratio) <= 1:
+        raise InputError(
+            f"invalid plan {plan!r}: expected compile:R, R the activation memory budget in [0, 1] "
+            "(torch.compile's share of the activations it would keep)"
+        )
+    return float(ratio)
 
 
 def _parse_policy(text: str, plan: str) -> OpPolicy | None:
@@ -224,9 +276,17 @@ def recomputes_at_least(plan: Plan, other: Plan) -> bool:
         return all(recomputes_at_least(plan.for_rank(r), other.for_rank(r)) for r in range(count))
     if plan.everything or other.everything:
         return plan == other
+    # torch.compile's partitions at two budgets are two knapsack solutions, not one inside the other
+    if other.compile_budget is not None and plan.compile_budget != other.compile_budget:
+        return False
     for rule in other.rules:
         mine = next((r for r in plan.rules if r.cls == rule.cls), None)
-        if mine is None or mine.ratio < rule.ratio or not _recomputed(mine.ops) >= _recomputed(rule.ops):
+        if (
+            mine is None
+            or mine.offload != rule.offload
+            or mine.ratio < rule.ratio
+            or not _recomputed(mine.ops) >= _recomputed(rule.ops)
+        ):
             return False
     return True
 

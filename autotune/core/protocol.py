@@ -67,9 +67,14 @@ class TrialRequest:
     # global batch or declared with --grad-accum. None: whatever the script does, counted as its forwards.
     grad_accum: int | None = None
     check_plans: tuple[str, ...] = ()  # a probe: plans to check against no plan beside those it offers
+    # Warm-up adapts: a first measured step much slower than the others (a recompilation, cuDNN's
+    # autotuning, the allocator still growing) becomes warm-up and one more step is measured, up to this
+    # many warm-up steps in all (autotune.runtime.trial).
+    warmup_max: int = 0
 
     @property
     def total_steps(self) -> int:
+        """The steps a settled trial runs (warm-up may add up to ``warmup_max - warmup_steps``)."""
         return self.warmup_steps + self.measured_steps
 
     def write(self, path: Path) -> None:
@@ -103,6 +108,9 @@ class TrialReport:
     # torch.compile's cache lookups in this process (FX graphs, AOT autograd): hits and misses; None when the
     # script compiled nothing
     compile_cache: dict[str, int] | None = None
+    warmup_steps: int | None = None  # the steps it counted as warm-up (more than asked: it did not settle)
+    # seconds from the runtime's start (the script's first import of autotune) to the end of warm-up
+    warmup_seconds: float | None = None
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autotune.core.protocol import RankIdentity
@@ -56,6 +56,17 @@ class MemoryReading:
     processes: int  # the most trial processes seen at once
     note: str | None = None
     ranks: tuple[RankPeak, ...] = ()  # a multi-process trial's ranks (peak_bytes is the largest of them)
+    # the largest sample taken while the trial had finished k steps, by k (as the launcher told the meter)
+    by_step: dict[int, int] = field(default_factory=dict)
+
+    def phase_peaks(self, warmup_steps: int | None) -> tuple[int | None, int | None]:
+        """The largest sample of warm-up (steps 1 to ``warmup_steps``, start-up included) and of the steps
+        after it; None for a phase with no sample."""
+        if warmup_steps is None or not self.by_step:
+            return None, None
+        warm = [peak for step, peak in self.by_step.items() if step < warmup_steps]
+        steady = [peak for step, peak in self.by_step.items() if step >= warmup_steps]
+        return max(warm, default=None), max(steady, default=None)
 
 
 class MemoryMeter(Protocol):
@@ -67,6 +78,9 @@ class MemoryMeter(Protocol):
     def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None: ...
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
+
+    def at_step(self, steps: int) -> None:
+        """The trial has finished ``steps`` steps: later samples count towards that step."""
 
 
 def make_meter(device: Device, nvml: Any = None) -> MemoryMeter:
@@ -90,12 +104,18 @@ class _Sampler:
         self._ceiling: int | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._step = 0
+        self._by_step: dict[int, int] = {}
+
+    def at_step(self, steps: int) -> None:
+        self._step = steps
 
     def start_sampling(self, ceiling: int | None) -> None:
         self._done = threading.Event()  # a meter measures one trial after another: nothing carries over
         self.over = threading.Event()
         self._ceiling = ceiling
         self.samples = 0
+        self._step, self._by_step = 0, {}
         self._thread = threading.Thread(target=self._run, name="autotune-meter", daemon=True)
         self._thread.start()
 
@@ -108,6 +128,8 @@ class _Sampler:
         while not self._done.is_set():
             self.sample()
             self.samples += 1
+            step = self._step
+            self._by_step[step] = max(self._by_step.get(step, 0), self.current())
             if self._ceiling is not None and self.sampled_peak() > self._ceiling:
                 self.over.set()
             self._done.wait(self.interval)
@@ -117,6 +139,10 @@ class _Sampler:
 
     def sampled_peak(self) -> int:
         """The trial's peak so far, as sampled (what a ceiling is compared with)."""
+        raise NotImplementedError
+
+    def current(self) -> int:
+        """The trial's memory at the last sample (its heaviest rank's, in a multi-process trial)."""
         raise NotImplementedError
 
 
@@ -131,6 +157,7 @@ class RssMeter(_Sampler):
         self._peak = 0
         self._processes = 0
         self._rank_peaks: dict[int, int] = {}
+        self._now = 0
 
     def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None:
         """``ranks``: a multi-process trial (torchrun); its ceiling is then a rank's, its launcher no rank."""
@@ -151,10 +178,14 @@ class RssMeter(_Sampler):
             except (OSError, IndexError, ValueError):
                 continue  # exited between listing and reading
         self._peak = max(self._peak, sum(sizes.values()))
+        self._now = sum(sizes.values())
         self._processes = max(self._processes, len(sizes))
         ranks = self._ranks() if self._ranks is not None else {}
         if ranks:
             self._sample_ranks(sizes, {pid: identity.rank for pid, identity in ranks.items()})
+
+    def current(self) -> int:
+        return self._now
 
     def _sample_ranks(self, sizes: dict[int, int], rank_of: dict[int, int]) -> None:
         """Each rank's tree: its process and every descendant that no other rank owns."""
@@ -166,6 +197,7 @@ class RssMeter(_Sampler):
                 owner, seen = parents[owner], seen + 1
             if owner in rank_of:
                 totals[rank_of[owner]] += size
+        self._now = max(totals.values(), default=0)  # the launcher's own memory is no rank's
         for pid, rank in rank_of.items():
             totals[rank] = max(totals[rank], _high_water(pid))
             self._rank_peaks[rank] = max(self._rank_peaks.get(rank, 0), totals[rank])
@@ -175,13 +207,24 @@ class RssMeter(_Sampler):
         if self._rank_peaks:
             ranks = tuple(RankPeak(rank, "cpu", peak) for rank, peak in sorted(self._rank_peaks.items()))
             return MemoryReading(
-                max(r.peak_bytes for r in ranks), "rss-rank", self.samples, self._processes, ranks=ranks
+                max(r.peak_bytes for r in ranks),
+                "rss-rank",
+                self.samples,
+                self._processes,
+                ranks=ranks,
+                by_step=dict(self._by_step),
             )
         if self._processes > 1:
             return MemoryReading(
-                max(self._peak, main_maxrss_bytes), "rss-tree", self.samples, self._processes
+                max(self._peak, main_maxrss_bytes),
+                "rss-tree",
+                self.samples,
+                self._processes,
+                by_step=dict(self._by_step),
             )
-        return MemoryReading(main_maxrss_bytes, "rss", self.samples, max(self._processes, 1))
+        return MemoryReading(
+            main_maxrss_bytes, "rss", self.samples, max(self._processes, 1), by_step=dict(self._by_step)
+        )
 
 
 def _parent(pid: int) -> int:
@@ -230,6 +273,10 @@ class NvmlMeter(_Sampler):
         self._trial_pids: set[int] = set()
         self._foreign_pids: set[int] = set()
         self._device_of: dict[int, int] = {}  # pid -> index of the device NVML listed it on
+        self._now = 0
+
+    def current(self) -> int:
+        return self._now
 
     def _used(self, index: int = 0) -> int:
         memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index], version=self._nvml.nvmlMemory_v2)
@@ -249,8 +296,10 @@ class NvmlMeter(_Sampler):
         return max(self._above(i) for i in range(len(self._handles)))
 
     def sample(self) -> None:
+        used = [self._used(i) for i in range(len(self._handles))]
+        self._now = max(max(u - b, 0) for u, b in zip(used, self._baseline, strict=True))
         for i in range(len(self._handles)):
-            self._peaks[i] = max(self._peaks[i], self._used(i))
+            self._peaks[i] = max(self._peaks[i], used[i])
         if self.samples % self.PROCESS_EVERY == 0:
             ours = set(self._pids())
             for i, handle in enumerate(self._handles):
@@ -274,7 +323,13 @@ class NvmlMeter(_Sampler):
             for identity, index in sorted(self._rank_devices(), key=lambda item: item[0].rank)
         )
         return MemoryReading(
-            self.sampled_peak(), "nvml", self.samples, max(len(self._trial_pids), 1), note, ranks
+            self.sampled_peak(),
+            "nvml",
+            self.samples,
+            max(len(self._trial_pids), 1),
+            note,
+            ranks,
+            by_step=dict(self._by_step),
         )
 
     def _rank_devices(self) -> list[tuple[RankIdentity, int]]:

@@ -11,7 +11,9 @@
 A plan a framework cannot express (a fraction of the blocks, an operator-level policy, an ORT plan) is given
 as the one ``autotune.prepare`` line to add and the ``AUTOTUNE_PLAN`` it reads. Hugging Face's
 ``gradient_checkpointing=True`` recomputes every decoder layer: autotune's plan says the same when it names
-the model's outermost repeated class with ratio 1 and no operator policy (or ``all``).
+the model's outermost repeated class with ratio 1 and no operator policy (or ``all``). A compile plan's
+budget is one line of torch's own (``torch._functorch.config.activation_memory_budget = R`` before the
+first compiled step), given in every format: nothing of autotune is needed to apply it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ def render(answer: BestAnswer, fmt: str) -> str:
 
 
 def env(answer: BestAnswer) -> str:
-    return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in answer.env().items())
+    exports = [f"export {name}={shlex.quote(value)}" for name, value in answer.env().items()]
+    return "\n".join(exports + [f"# {line}" for line in compile_setting(answer)])
+
+
+def compile_setting(answer: BestAnswer) -> list[str]:
+    """torch's own setting for a compile plan's budget (nothing for any other plan, or one per rank)."""
+    plan = parse_plan(answer.plan) if answer.backend is Backend.TORCH else Plan.none()
+    if plan.compile_budget is None:
+        return []
+    return [
+        f"torch.compile's activation memory budget {plan.compile_budget:g}: without autotune, set it before "
+        "the first compiled step",
+        "import torch._functorch.config",
+        f"torch._functorch.config.activation_memory_budget = {plan.compile_budget:g}",
+    ]
 
 
 def every_block(answer: BestAnswer) -> str | None:
@@ -53,10 +69,10 @@ def every_block(answer: BestAnswer) -> str | None:
     plan = parse_plan(answer.plan)
     if plan.everything:
         return answer.outermost[0] if answer.outermost else "every repeated block"
-    if plan.ranks or len(plan.rules) != 1:
+    if plan.ranks or len(plan.rules) != 1 or plan.compile_budget is not None:
         return None
     rule = plan.rules[0]
-    if rule.ratio != 1 or rule.ops or (answer.outermost and rule.cls not in answer.outermost):
+    if rule.ratio != 1 or rule.ops or rule.offload or (answer.outermost and rule.cls not in answer.outermost):
         return None
     return rule.cls
 
@@ -65,7 +81,11 @@ def _plan_lines(answer: BestAnswer, where: str, prepare: str = PREPARE_LINE) -> 
     """How to apply a plan the framework has no argument for: the prepare line, and what it reads."""
     if _no_plan(answer):
         return []
+    setting = [f"# {line}" if i == 0 else line for i, line in enumerate(compile_setting(answer))]
+    if setting and not parse_plan(answer.plan).rules:  # the budget alone: torch's line is the whole plan
+        return setting
     return [
+        *setting,
         f"# the plan {answer.plan} has no argument here: add one line {where}",
         f"#   {prepare}",
         "# and train with these in the environment (autotune.prepare reads them):",
@@ -131,7 +151,7 @@ def command_line(answer: BestAnswer) -> str:
     lines = [_header(answer, "the tuned command"), line]
     if exports.get(PLAN_ENV, "none") != "none" and answer.template:
         lines.insert(1, f"# the script applies the plan with one line: {PREPARE_LINE}")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"# {line}" for line in compile_setting(answer)])
 
 
 def _no_plan(answer: BestAnswer) -> bool:

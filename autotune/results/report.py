@@ -100,6 +100,26 @@ def _answer(store: Store, name: str) -> BestAnswer | None:
         return None
 
 
+def _phases_html(records: list[TrialRecord]) -> str:
+    """Which trials peaked in warm-up (compilation, autotuning) rather than in their measured steps: the
+    budget is checked against the whole run's peak, what the user's job will see."""
+    warm = [r for r in records if r.peak_phase == "warm-up"]
+    known = [r for r in records if r.peak_phase is not None]
+    if not known:
+        return ""
+    if not warm:
+        return f"<p>Every peak was set in the measured steps ({len(known)} trials sampled by phase).</p>"
+    listed = ", ".join(
+        f"#{r.number} ({format_bytes(r.warmup_peak_bytes or 0)} in warm-up, "
+        f"{format_bytes(r.steady_peak_bytes or 0)} steady)"
+        for r in warm
+    )
+    return (
+        f"<p>Peaks set in warm-up (compilation, autotuning, the allocator growing), not in the measured "
+        f"steps: {html.escape(listed)}. The budget is checked against the whole run's peak.</p>"
+    )
+
+
 def _page(report: StudyReport, answer: BestAnswer | None, pareto: str, extra: list[tuple[str, str]]) -> str:
     row = report.row
     e = html.escape
@@ -124,6 +144,7 @@ def _page(report: StudyReport, answer: BestAnswer | None, pareto: str, extra: li
         _answer_blocks(answer),
         "<h2>Trials</h2>",
         _trials_html(report.records, report.limit_bytes),
+        _phases_html(report.records),
     ]
     if report.checks:
         parts += [

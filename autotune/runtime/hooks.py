@@ -2,6 +2,12 @@
 injected sitecustomize for commands that are not ``python ...``): count optimizer steps, apply the plan at
 the first forward, and count that module's forwards between optimizer steps (its micro-batches: see
 autotune.runtime.trial). torch itself is not imported here: the hooks go in when the script imports it.
+
+torch.compile: a compile plan's activation memory budget is set as torch is imported, before the script
+can compile anything, so a script that calls ``torch.compile`` itself is covered without a change (and
+one that calls ``autotune.prepare`` too). ``torch.compile`` is wrapped to tell the trial that the script
+compiles; in a probe trial it returns the model as it is, so the probe's instruments see every op of an
+eager forward, and the probe asks torch's partitioner about the compiled graphs itself.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from autotune.core.plans import Backend
-from autotune.runtime.trial import current, prepare
+from autotune.core.plans import Backend, parse_plan
+from autotune.runtime.trial import _Trial, current, prepare
 
 
 def install() -> None:
@@ -69,10 +75,33 @@ def _install_torch_hooks(torch: Any) -> None:
                 "model = autotune.prepare(model) (or onnxruntime.training.ortmodule.ORTModule(model))"
             )
 
+    if trial.request.backend is Backend.TORCH:
+        _hook_compile(torch, trial)
+
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     module_module = importlib.import_module("torch.nn.modules.module")
     optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
     handle = module_module.register_module_forward_pre_hook(on_first_forward)
+
+
+def _hook_compile(torch: Any, trial: _Trial) -> None:
+    """Set this rank's compile budget, and wrap ``torch.compile`` (see the module's docstring)."""
+    plan = parse_plan(trial.request.plan).for_rank(trial.rank.rank if trial.rank else None)
+    if plan.compile_budget is not None:
+        from autotune.backends.torch_compile import set_compile_budget
+
+        set_compile_budget(plan.compile_budget)
+    compile_function = torch.compile
+
+    def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        trial.compiled = True
+        if not trial.request.probe:
+            return compile_function(model, *args, **kwargs)
+        return model if model is not None else (lambda fn: fn)  # as a decorator with options
+
+    compile.__wrapped__ = compile_function  # type: ignore[attr-defined]
+    compile.__doc__ = compile_function.__doc__
+    torch.compile = compile
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

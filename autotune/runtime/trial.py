@@ -12,6 +12,12 @@ Public API (re-exported as ``autotune.batch_size``, ``autotune.grad_accum``, ``a
 - ``step(samples)``: counts a training step. Steps are also counted automatically through torch's global
   optimizer step hook (first optimizer only); the first explicit ``step()`` call turns that off.
 
+Warm-up adapts: once the measured steps are done, a first measured step slower than SETTLE_FACTOR times the
+median of the others is counted as warm-up instead and one more step is measured, until the warm-up steps
+reach the request's ``warmup_max``: a recompilation, cuDNN's autotuning or a growing allocator at the start
+of the measured window does not pull samples/s down. (Not in a multi-process job, whose ranks must stop at
+the same step.)
+
 A step's samples are the batch size times its micro-batches: the accumulation the trial asked for, else the
 forwards of the model (with gradients on) counted since the previous optimizer step, so a script that
 accumulates on its own is measured right too. A trial that asked for accumulation while the script steps
@@ -60,6 +66,8 @@ from autotune.core.protocol import (
 
 M = TypeVar("M")
 
+SETTLE_FACTOR = 1.5  # a first measured step this much slower than the median of the others is warm-up
+
 
 class TrialComplete(SystemExit):
     """Raised from the last measured step: the trial is over and its report is written."""
@@ -85,7 +93,9 @@ class _Trial:
         if rank is not None:  # from its start on, the tuner knows this rank's process (its memory, its steps)
             write_progress(self.progress_path, 0, rank)
         self.steps = 0
-        self.last_step_end = time.perf_counter()
+        self.warmup_steps = request.warmup_steps  # grows while the first measured step is an outlier
+        self.started = self.last_step_end = time.perf_counter()
+        self.step_ends: list[float] = []  # seconds from the runtime's start to the end of each step
         self.step_seconds: list[float] = []
         self.step_samples: list[int] = []
         self.plan_applied: str | None = None
@@ -98,6 +108,7 @@ class _Trial:
         self.forwards = 0  # forwards of the model with gradients on, since the last optimizer step
         self.counting = True  # off while the probe checks plans on the model
         self.micro_batches: int | None = None  # forwards in the last step that counted any
+        self.compiled = False  # the script called torch.compile (autotune.runtime.hooks)
 
     def forward(self) -> None:
         """One forward of the model being trained (the hooks call it)."""
@@ -111,6 +122,7 @@ class _Trial:
         _synchronize_cuda()
         now = time.perf_counter()
         self.steps += 1
+        self.step_ends.append(now - self.started)
         micro, self.forwards = self.forwards or None, 0
         self.micro_batches = micro or self.micro_batches
         asked = self.request.grad_accum
@@ -121,7 +133,7 @@ class _Trial:
                 "{grad_accum} to its accumulation option (--gradient_accumulation_steps {grad_accum} for a "
                 "Trainer) or accumulate autotune.grad_accum() micro-batches"
             )
-        if self.steps > self.request.warmup_steps:
+        if self.steps > self.warmup_steps:
             self.step_seconds.append(now - self.last_step_end)
             self.step_samples.append(
                 self.request.batch_size * (asked or micro or 1) if samples is None else int(samples)
@@ -131,10 +143,24 @@ class _Trial:
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
             self.last_step_end = time.perf_counter()
         write_progress(self.progress_path, self.steps, self.rank)
-        if self.steps >= self.request.total_steps:
+        if len(self.step_seconds) >= self.request.measured_steps and not self._unsettled():
             self.finished = True
             self.report(Outcome.COMPLETE)
             raise TrialComplete()
+
+    def _unsettled(self) -> bool:
+        """Whether the first measured step is still warming up: then it becomes warm-up (up to the cap)."""
+        cap = max(self.request.warmup_max, self.request.warmup_steps)
+        # Not in a multi-process job: each rank would decide alone, and a rank that stopped a step before
+        # another would leave it waiting in a collective.
+        if self.rank is not None or len(self.step_seconds) < 3 or self.warmup_steps >= cap:
+            return False
+        rest = sorted(self.step_seconds[1:])
+        if self.step_seconds[0] <= SETTLE_FACTOR * rest[(len(rest) - 1) // 2]:  # the lower median
+            return False
+        self.warmup_steps += 1
+        del self.step_seconds[0], self.step_samples[0]
+        return True
 
     def report(self, outcome: Outcome, error: str | None = None) -> None:
         allocated, reserved = _cuda_peaks()
@@ -151,6 +177,10 @@ class _Trial:
             probe=self._probe_result(),
             micro_batches=self.micro_batches,
             compile_cache=_compile_cache(),
+            warmup_steps=self.warmup_steps,
+            warmup_seconds=(
+                self.step_ends[self.warmup_steps - 1] if len(self.step_ends) >= self.warmup_steps else None
+            ),
             rank=self.rank.rank if self.rank else None,
             world_size=self.rank.world_size if self.rank else None,
         ).write(self.report_path)
@@ -179,7 +209,8 @@ class _Trial:
             code = getattr(error, "code", 0)
             how = f"exited with code {code}" if code not in (None, 0) else "ended"
             self.report(
-                Outcome.FAILED, f"the script {how} after {self.steps} of {self.request.total_steps} steps"
+                Outcome.FAILED,
+                f"the script {how} after {self.steps} of {self.warmup_steps + self.request.measured_steps} steps",
             )
             return EXIT_FAILED
         traceback.print_exception(error)  # the user's traceback, into the trial's log
@@ -260,6 +291,10 @@ def prepare(model: M) -> M:
         plan = plan.for_rank(identity.rank if identity is not None else None)
     if plan.is_none and trial is None:
         return model  # outside a trial with no plan: not even torch is imported
+    if plan.compile_budget is not None and trial is None:  # in a trial, set as torch was imported (hooks)
+        from autotune.backends.torch_compile import set_compile_budget
+
+        set_compile_budget(plan.compile_budget)
     from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
 
     if trial is not None:

@@ -176,7 +176,7 @@ class Search:
 
     def _check_hopeless(self, records: list[TrialRecord], model: MemoryModel) -> None:
         """End a hopeless search before another trial: the probe's fixed memory alone passes the limit, or
-        the smallest batch with the plan that saves the most was measured not to fit.
+        every plan was measured not to fit at the smallest batch (no plan's failure proves another's).
 
         Raises:
             NoFitError: one line with the smallest peak and the budget it would need.

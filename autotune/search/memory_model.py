@@ -7,8 +7,11 @@ probe predicted for it (``savings``), or else the largest known slope: without a
 side of fitting less.
 
 Measurement always overrules the model: a configuration that was measured is judged by its measurement,
-and a batch that was measured over the limit (or ran out of memory) bounds the batch sizes of its plan and
-of every plan known to save no more than it.
+and a batch that was measured over the limit (or ran out of memory) bounds the larger batch sizes of its
+own plan. Nothing is assumed across plans: a plan predicted (or even measured, at other batch sizes) to
+save more per sample than another may still peak higher at some batch size, and the physical peak of a
+plan parameter is not monotonic (torch.compile's budget: pytorch issue 197838). The model orders
+candidates; only a measurement, or a larger batch of the same plan, rules one out.
 """
 
 from __future__ import annotations
@@ -101,17 +104,12 @@ class MemoryModel:
         return measured if measured is not None else self.savings.get(plan)
 
     def ceiling(self, plan: str, limit: int) -> int | None:
-        """The smallest batch size measured not to fit with ``plan``, or with a plan known to save at least
-        as much: no batch size from there up can fit ``plan``."""
-        own = self.saving(plan)
+        """The smallest batch size measured not to fit with ``plan``: no batch size from there up can fit
+        ``plan`` (a plan's peak grows with its batch size; no other plan's measurement bounds it)."""
         bounding = [
             o.batch_size
             for o in self.observations
-            if not fits(o.outcome, o.peak_bytes, limit)
-            and (
-                o.plan == plan
-                or (own is not None and (theirs := self.saving(o.plan)) is not None and theirs >= own)
-            )
+            if o.plan == plan and not fits(o.outcome, o.peak_bytes, limit)
         ]
         return min(bounding, default=None)
 

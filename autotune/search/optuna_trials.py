@@ -133,5 +133,8 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "error": result.error.strip().splitlines()[0][:500] if result.error else None,
         "grad_accum": result.grad_accum,
         "micro_batches": result.micro_batches,
+        "compile_cache": result.compile_cache,
+        "warmup_peak_bytes": result.warmup_peak_bytes,
+        "steady_peak_bytes": result.steady_peak_bytes,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

@@ -4,8 +4,10 @@ or the budget is hopeless. No Optuna, no database.
 
 - *Calibration*: the first plan at the smallest batch size, then one about 4x larger (and the ones between,
   if a larger one did not fit), until the memory model has two batch sizes of one plan. If the first plan
-  does not fit at the smallest batch size, the plan that saves the most takes its place; if that does not
-  fit either, the budget is hopeless (:func:`hopeless`).
+  does not fit at the smallest batch size, the plan expected to save the most takes its place, then the
+  next; once every plan was measured not to fit there, the budget is hopeless (:func:`hopeless`). No
+  plan's measurement bounds another's: memory is not assumed monotonic across plans or in a plan
+  parameter (a ratio, torch.compile's budget), so only a plan's own measurements rule it out.
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
   (autotune.search.memory_model), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
@@ -249,9 +251,10 @@ def _calibration(
     tried: set[tuple[int | None, str | None]],
 ) -> Proposal | None:
     """The calibration plan's next batch size below the smallest one measured not to fit; the plan is the
-    first one, or the one that saves the most if the first does not fit at the smallest batch size."""
+    first one, or if it does not fit at the smallest batch size the one expected to save the most, then
+    the next (no plan is ruled out by another's measurement)."""
     smallest = space.batch_sizes[0]
-    for plan in dict.fromkeys((space.uniform_plans[0], most_saving(model, space))):
+    for plan in dict.fromkeys((space.uniform_plans[0], *by_saving(model, space))):
         if any(not r.fits(limit) for r in _measured(records, smallest, plan)):
             continue  # this plan cannot calibrate the model: it does not fit even at the smallest batch
         ceiling = model.ceiling(plan, limit)
@@ -263,30 +266,34 @@ def _calibration(
     return None
 
 
-def most_saving(model: MemoryModel, space: SearchSpace) -> str:
-    """The plan expected to save the most memory per sample: the largest known saving, else one whose
-    saving is unknown (it may save anything; the last in the space, which orders plans from none towards
-    checkpointing more), else none."""
+def by_saving(model: MemoryModel, space: SearchSpace) -> list[str]:
+    """The plans, the one expected to save the most memory per sample first: the largest known saving,
+    else one whose saving is unknown (it may save anything; the last in the space, which orders plans from
+    none towards checkpointing more), else none."""
 
     def saving(plan: str) -> tuple[float, bool, int]:
         known = model.saving(plan)
         return (known or 0.0, known is None, space.plans.index(plan))
 
-    return max(space.uniform_plans, key=saving)
+    return sorted(space.uniform_plans, key=saving, reverse=True)
+
+
+def most_saving(model: MemoryModel, space: SearchSpace) -> str:
+    """The plan expected to save the most memory per sample (see :func:`by_saving`)."""
+    return by_saving(model, space)[0]
 
 
 def hopeless(records: list[TrialRecord], model: MemoryModel, space: SearchSpace, limit: int) -> str | None:
-    """Why no configuration can fit, once the smallest batch size with the plan that saves the most was
-    measured not to fit (None while something still could)."""
+    """Why no configuration can fit, once every plan was measured not to fit at the smallest batch size
+    (None while something still could: no plan's failure says another will fail)."""
     smallest, plan = space.batch_sizes[0], most_saving(model, space)
-    failed = [r for r in _measured(records, smallest, plan) if not r.fits(limit)]
-    if not failed:
+    if not all(any(not r.fits(limit) for r in _measured(records, smallest, p)) for p in space.uniform_plans):
         return None
     lowest = min((r for r in records if r.measured), key=lambda r: r.peak_bytes or 0)
     bound = "" if lowest.outcome is Outcome.COMPLETE else " at least"
     return (
-        f"no configuration fits {format_bytes(limit)} (budget minus headroom): even batch {smallest} with "
-        f"the plan that saves the most ({plan}) does not; the smallest peak measured was{bound} "
+        f"no configuration fits {format_bytes(limit)} (budget minus headroom): batch {smallest} fits with "
+        f"no plan, not even the one that saves the most ({plan}); the smallest peak measured was{bound} "
         f"{format_bytes(lowest.peak_bytes or 0)} (batch {lowest.batch_size}, plan {lowest.plan}, trial "
         f"{lowest.number})"
     )

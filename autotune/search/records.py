@@ -54,6 +54,8 @@ class TrialRecord:
     samples_per_sec_high: float | None = None
     grad_accum: int | None = None  # micro-batches per optimizer step the trial asked for
     ranks: tuple[RankResult, ...] = ()  # a multi-process trial's ranks: each one's peak and end
+    warmup_peak_bytes: int | None = None  # the largest sample of its warm-up (compilation, autotuning...)
+    steady_peak_bytes: int | None = None  # the largest sample of its measured steps
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -100,6 +102,13 @@ class TrialRecord:
         return str(self.outcome or self.state.lower())
 
     @property
+    def peak_phase(self) -> str | None:
+        """Which phase set its peak: "warm-up" or "steady" (None: not known, or no trial of this kind)."""
+        if self.warmup_peak_bytes is None or self.steady_peak_bytes is None:
+            return None
+        return "warm-up" if self.warmup_peak_bytes > self.steady_peak_bytes else "steady"
+
+    @property
     def note_text(self) -> str:
         """Its note, else its error's one line; prefixed with its kind when it was not measured here."""
         note = self.note or first_line(self.error)
@@ -130,6 +139,8 @@ _ATTRS = (
     "samples_per_sec_low",
     "samples_per_sec_high",
     "grad_accum",
+    "warmup_peak_bytes",
+    "steady_peak_bytes",
 )
 
 

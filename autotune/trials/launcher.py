@@ -177,6 +177,7 @@ def _wait(
             return "rank"
         elapsed = time.monotonic() - started
         steps = read_progress(launch.progress_path)
+        meter.at_step(steps)
         if on_poll is not None:
             on_poll(steps, elapsed)
         reason = "startup" if steps == 0 and elapsed > launch.startup_timeout else None

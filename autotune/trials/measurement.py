@@ -229,6 +229,7 @@ def _request(
         device=str(device),
         warmup_steps=settings.warmup_steps,
         measured_steps=settings.measured_steps,
+        warmup_max=max(settings.warmup_max, settings.warmup_steps),
         report_path=str(workdir / "report.json"),
         progress_path=str(workdir / "progress.json"),
         probe=probe,
@@ -292,6 +293,7 @@ def _result(
     ranks: tuple[RankResult, ...] = (),
 ) -> TrialResult:
     speed = throughput(report) if outcome is Outcome.COMPLETE else None
+    warmup_peak, steady_peak = reading.phase_peaks(report.warmup_steps if report else None)
     return TrialResult(
         outcome=outcome,
         batch_size=request.batch_size,
@@ -321,4 +323,7 @@ def _result(
         compile_cache=report.compile_cache if report else None,
         ranks=ranks,
         world_size=report.world_size if report else None,
+        warmup_steps=report.warmup_steps if report else None,
+        warmup_peak_bytes=warmup_peak,
+        steady_peak_bytes=steady_peak,
     )

@@ -101,6 +101,8 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
         probe=first.probe if first else None,
         micro_batches=first.micro_batches if first else None,
         compile_cache=first.compile_cache if first else None,
+        warmup_steps=first.warmup_steps if first else None,
+        warmup_seconds=first.warmup_seconds if first else None,
         rank=None,
         world_size=world,
     )

@@ -44,6 +44,18 @@ class TrialResult:
     ranks: tuple[RankResult, ...] = ()  # a multi-process trial's ranks; peak_bytes is the worst rank's
     world_size: int | None = None  # its ranks (None: one process)
     compile_cache: dict[str, int] | None = None  # torch.compile's cache hits and misses (None: no compile)
+    warmup_steps: int | None = None  # the steps counted as warm-up (more than asked: they did not settle)
+    # the largest memory sample of warm-up and of the measured steps (the budget is checked against
+    # peak_bytes, the whole run's: what the user's job sees)
+    warmup_peak_bytes: int | None = None
+    steady_peak_bytes: int | None = None
+
+    @property
+    def peak_phase(self) -> str | None:
+        """Which phase set the peak: "warm-up" or "steady" (None: unknown)."""
+        if self.warmup_peak_bytes is None or self.steady_peak_bytes is None:
+            return None
+        return "warm-up" if self.warmup_peak_bytes > self.steady_peak_bytes else "steady"
 
     @property
     def throughput(self) -> Interval | None:

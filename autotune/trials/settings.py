@@ -17,6 +17,9 @@ class TrialSettings:
     startup_timeout: float = 300.0
     timeout: float = 900.0
     grace: float = 5.0
+    # at most this many warm-up steps: a first measured step that is an outlier (SETTLE_FACTOR times the
+    # median of the others) becomes warm-up until then (autotune.runtime.trial)
+    warmup_max: int = 8
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 1:

@@ -84,19 +84,19 @@ def test_ortmodule_trains_with_pytorch_s_losses_and_an_export_cache_per_workload
     """Recompute changes memory, never the numbers: every plan trains with plain PyTorch's losses. The
     export cache is per workload: nhead=4 and nhead=8 print alike (ORT's own cache key), yet each gets its
     own export, and the plan trials after the first train from the cached one with the same losses."""
-    reference = plain_pytorch("--batch-size", "4", "--steps", "4", *SMALL)
+    reference = plain_pytorch("--batch-size", "4", "--steps", "12", *SMALL)
     for plan in ("none", "BiasGelu+:1:-1", "level:1"):
         result, got = measured(tmp_path, plan, *SMALL)
         assert result["outcome"] == "complete" and result["plan"] == plan
-        assert len(got) == 4
-        assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) < 1e-5, (plan, got, reference)
+        assert len(got) == result["warmup_steps"] + 3  # warm-up adapts: a slow first measured step is warm-up
+        assert max(abs(a - b) for a, b in zip(got, reference[: len(got)], strict=True)) < 1e-5, (plan, got)
     assert len(list((tmp_path / "ort-export").iterdir())) == 1  # one workload so far, whatever the plan
     eight = [*SMALL, "--nhead", "8"]
     _, other = measured(tmp_path, "none", *eight)
     exports = sorted((tmp_path / "ort-export").iterdir())
     assert len(exports) == 2 and all(any(d.iterdir()) for d in exports)  # one cache per workload, used
-    reference = plain_pytorch("--batch-size", "4", "--steps", "4", *eight)
-    assert max(abs(a - b) for a, b in zip(other, reference, strict=True)) < 1e-5
+    reference = plain_pytorch("--batch-size", "4", "--steps", "12", *eight)
+    assert max(abs(a - b) for a, b in zip(other, reference[: len(other)], strict=True)) < 1e-5
 
 
 def test_the_probe_lists_ort_s_plans_with_numeric_savings(tmp_path) -> None:

@@ -5,10 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+from dataclasses import replace
 
 import pytest
 
-from autotune.backends.probe import default_plans, plans_to_check, predicted_saving, rows
+from autotune.backends.probe import (
+    GPU_ONLY,
+    default_plans,
+    named_plans,
+    plans_to_check,
+    predicted_saving,
+    rows,
+)
 from autotune.backends.probe_report import InstanceStats, ModuleCandidate, PlanCheck, TorchProbeReport
 from autotune.core.plans import parse_plan
 
@@ -83,8 +91,15 @@ def test_predicted_saving_walks_backward_in_reverse(plan: str, saving: int) -> N
 def test_probe_rows_read_like_a_plan_table() -> None:
     table = {row.plan: row for row in rows(probe_data())}
     # The selective policy keeps only the expensive kinds the block runs: matmuls here, no attention.
-    assert list(table) == ["Block:1", "MLP:1", "Block:1/recompute=softmax", "Block:1/save=matmul"]
-    assert [row.excluded for row in table.values()] == ["", "", "", ""]
+    assert list(table) == [
+        *("Block:1", "MLP:1", "Block:1/recompute=softmax", "Block:1/save=matmul", "Block:1/offload")
+    ]
+    assert [row.excluded for row in table.values()] == ["", "", "", "", GPU_ONLY]  # probed on the CPU
+    assert table["Block:1/offload"].saving_bytes == 0  # nothing leaves the device there is not
+    # on a GPU, offloading every block moves what they save off the device until backward reaches them
+    on_gpu = {row.plan: row for row in rows(replace(probe_data(), gpu=True))}
+    assert on_gpu["Block:1/offload"].excluded == "" and on_gpu["Block:1/offload"].forward_share == 0.0
+    assert on_gpu["Block:1/offload"].saving_bytes > table["Block:1"].saving_bytes
     assert (
         table["Block:1"].frequency,
         table["Block:1"].saving_bytes,
@@ -98,14 +113,14 @@ def test_default_plans_in_frontier_order_and_the_ones_left_out_with_why() -> Non
     data = probe_data()
     assert default_plans(data) == (
         ("none", "Block:1", "Block:1/save=matmul", "Block:0.25", "Block:0.5", "Block:0.75", "MLP:1"),
-        {},
+        {"Block:1/offload": GPU_ONLY},
     )
     # Matmul outputs larger than what autograd keeps: each block would hold 10 - (10 - 40 - 1) = 41, 4 x 41
     # = 164 against 40 without a plan.
     costly = probe_data(matmul_out=40)
     plans, excluded = default_plans(costly)
     assert "Block:1/save=matmul" not in plans
-    assert excluded == {"Block:1/save=matmul": "predicted to cost 124 B"}
+    assert excluded == {"Block:1/save=matmul": "predicted to cost 124 B", "Block:1/offload": GPU_ONLY}
     assert default_plans(None) == (("none",), {})
 
 
@@ -224,3 +239,30 @@ def test_operator_level_plans_are_accepted_where_plans_are(tmp_path) -> None:
         "Block:1/save=matmul",
         "Block:0.5/recompute=dropout+softmax",
     )
+
+
+def test_a_compile_plan_for_a_script_that_never_compiles_is_refused_before_any_trial() -> None:
+    from autotune.backends.probe import check_plans
+    from autotune.backends.probe_report import CompilePartition
+    from autotune.core.errors import InputError
+
+    with pytest.raises(
+        InputError,
+        match=r"plan 'compile:0.5' sets torch.compile's activation memory budget, "
+        r"but the script never calls torch.compile",
+    ):
+        check_plans(("none", "compile:0.5"), probe_data())
+    parts = (
+        CompilePartition(0.5, "p-half", 40, 1, same_as=None),
+        CompilePartition(0.6, "p-half", 40, 1, same_as=None),
+        CompilePartition(0.9, "p-default", 64, 1, same_as=1.0),
+        CompilePartition(1.0, "p-default", 64, 1, same_as=None),
+    )
+    compiles = replace(probe_data(), compiles=True, compile_partitions=parts)
+    check_plans(("none", "compile:0.5"), compiles)  # it compiles: accepted
+    kept, left = named_plans(("none", "compile:0.5", "compile:0.6", "compile:0.9", "compile:0.2"), compiles)
+    assert kept == ("none", "compile:0.5", "compile:0.2")  # 0.2 was not asked about: measured
+    assert left == {
+        "compile:0.6": "same partition as compile:0.5 (measured once)",
+        "compile:0.9": "same partition as none (measured once)",
+    }

@@ -128,6 +128,30 @@ def test_best_in_hugging_face_words() -> None:
     assert "gradient_checkpointing=False" in render(answer("MLP:1", outermost=("GPT2Block",)), "hf")
 
 
+def test_a_compile_plan_is_given_as_torch_s_own_setting_in_every_format() -> None:
+    setting = "torch._functorch.config.activation_memory_budget = 0.3"
+    budget = answer("compile:0.3", outermost=("GPT2Block",))
+    assert render(budget, "env").splitlines() == [
+        "export AUTOTUNE_BATCH_SIZE=8",
+        "export AUTOTUNE_PLAN=compile:0.3",
+        "# torch.compile's activation memory budget 0.3: without autotune, set it before the first compiled step",
+        "# import torch._functorch.config",
+        f"# {setting}",
+    ]
+    hf = render(budget, "hf").splitlines()
+    assert hf[1:3] == ["per_device_train_batch_size=8", "gradient_checkpointing=False"]
+    assert hf[4:] == [
+        "# torch.compile's activation memory budget 0.3: without autotune, set it before the first compiled step",
+        "import torch._functorch.config",
+        setting,
+    ]
+    assert setting in render(budget, "lightning") and f"# {setting}" in render(budget, "torchrun")
+    # with a module rule too: the prepare line applies both, torch's line the budget alone
+    both = render(answer("GPT2Block:1,compile:0.3", outermost=("GPT2Block",)), "hf")
+    assert "gradient_checkpointing=False" in both and setting in both
+    assert "export AUTOTUNE_PLAN=GPT2Block:1,compile:0.3" in both
+
+
 def test_best_in_lightning_words_and_as_the_filled_in_command() -> None:
     lines = render(answer("Block:1", grad_accum=2, outermost=("Block",)), "lightning").splitlines()
     assert lines[1:4] == [

@@ -17,6 +17,12 @@ from autotune.core.plans import ModuleRule, Plan, parse_plan, recomputes_at_leas
         ("MLP:0.25, Attention", "Attention:1,MLP:0.25"),
         ("Block:1.0", "Block:1"),
         ("Block:.5", "Block:0.5"),
+        ("compile:0.50", "compile:0.5"),
+        ("compile:0", "compile:0"),
+        ("compile:.3, Block", "Block:1,compile:0.3"),
+        ("all,compile:0.2", "all,compile:0.2"),
+        ("Block:0.5/offload", "Block:0.5/offload"),
+        ("Block:1|compile:0.4", "Block:1|compile:0.4"),
     ],
 )
 def test_plan_strings_round_trip_to_a_canonical_form(text: str, canonical: str) -> None:
@@ -27,7 +33,21 @@ def test_plan_strings_round_trip_to_a_canonical_form(text: str, canonical: str) 
 
 @pytest.mark.parametrize(
     "text",
-    ["Block:0", "Block:1.5", "Block:-1", "Block:x", "Block:", "9Block", "a.b", "Block,Block", "Block:nan"],
+    [
+        *(
+            "Block:0",
+            "Block:1.5",
+            "Block:-1",
+            "Block:x",
+            "Block:",
+            "9Block",
+            "a.b",
+            "Block,Block",
+            "Block:nan",
+        ),
+        *("compile", "compile:1.5", "compile:x", "compile:0.1,compile:0.2", "compile:0.5/offload"),
+        *("Block:1/offload+x", "all,Block"),
+    ],
 )
 def test_bad_plans_are_rejected_with_one_line(text: str) -> None:
     with pytest.raises(InputError) as info:
@@ -70,3 +90,14 @@ def test_recomputing_at_least_is_judged_rank_by_rank() -> None:
     assert recomputes_at_least(parse_plan("A:1|none"), parse_plan("A:0.5|none"))
     assert not recomputes_at_least(parse_plan("A:1|none"), parse_plan("none|A:0.5"))
     assert not recomputes_at_least(parse_plan("A:1|A:1|none"), parse_plan("A:1|none"))  # another world size
+
+
+def test_compile_and_offload_plans_say_what_they_are_and_claim_no_order_between_budgets() -> None:
+    budget, offload = parse_plan("compile:0.3"), parse_plan("Block:1/offload")
+    assert (budget.compile_budget, budget.compiles, budget.is_none) == (0.3, True, False)
+    assert (offload.compiles, offload.rules[0].offload, offload.compile_budget) == (False, True, None)
+    # two budgets are two knapsack solutions: neither is known to recompute what the other does
+    assert not recomputes_at_least(parse_plan("compile:0.1"), parse_plan("compile:0.5"))
+    assert not recomputes_at_least(parse_plan("compile:0.5"), parse_plan("compile:0.1"))
+    assert recomputes_at_least(parse_plan("Block:1,compile:0.5"), parse_plan("compile:0.5"))
+    assert not recomputes_at_least(parse_plan("Block:1/offload"), parse_plan("Block:1"))

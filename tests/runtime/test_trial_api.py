@@ -63,6 +63,7 @@ def _run_child(
     measured: int = 2,
     batch: int = 8,
     grad_accum: int | None = None,
+    warmup_max: int = 0,
 ) -> tuple[int, TrialReport]:
     request = TrialRequest(
         batch,
@@ -74,6 +75,7 @@ def _run_child(
         str(tmp_path / "report.json"),
         str(tmp_path / "progress.json"),
         grad_accum=grad_accum,
+        warmup_max=warmup_max,
     )
     request.write(tmp_path / "request.json")
     script = tmp_path / "script.py"
@@ -204,3 +206,22 @@ def test_the_harness_outside_a_trial_just_runs_the_script(tmp_path) -> None:
         timeout=60,
     )
     assert (proc.returncode, proc.stdout) == (0, "5 ['--x', '1']\n")
+
+
+def test_warm_up_goes_on_while_the_first_measured_step_is_an_outlier_up_to_its_cap(tmp_path) -> None:
+    """Step 2 recompiles (0.3 s against 0.02 s): it was to be the first measured step, so it becomes
+    warm-up and one more step is measured; a cap of 2 warm-up steps stops it adapting further."""
+    script = (
+        "import time, autotune\n"
+        "for i in range(1, 100):\n"
+        "    time.sleep(0.3 if i in (2, 3) else 0.02)\n"
+        "    autotune.step(samples=1)\n"
+    )
+    code, report = _run_child(tmp_path, script, warmup=1, measured=3, warmup_max=2)
+    assert code == 0 and report.outcome is Outcome.COMPLETE
+    # step 2 became warm-up (cap 2); step 3, slow too, stays measured: the cap holds
+    assert (report.warmup_steps, report.steps_done, len(report.step_seconds)) == (2, 5, 3)
+    assert report.step_seconds[0] > 0.25 and max(report.step_seconds[1:]) < 0.25
+
+    code, settled = _run_child(tmp_path, script.replace("(2, 3)", "()"), warmup=1, measured=3, warmup_max=4)
+    assert (settled.warmup_steps, settled.steps_done) == (1, 4)  # settled from the start: nothing added

@@ -205,22 +205,29 @@ def test_another_budget_starts_from_the_measured_trials(tmp_path) -> None:
     assert kinds.count("warm-start") >= 6
 
 
-def test_a_hopeless_budget_ends_in_two_trials_with_one_line_and_the_budget_it_needs(tmp_path) -> None:
-    """Batch 1 without a plan does not fit 30 MiB, nor with the plan that may save the most (B:1, the last
-    of the space, whose saving nothing predicts): exit 6 at once, not a search of ten trials."""
+def test_a_hopeless_budget_ends_once_every_plan_failed_at_batch_1_with_one_line_and_the_budget_it_needs(
+    tmp_path,
+) -> None:
+    """Batch 1 does not fit 30 MiB without a plan, nor with the plan that may save the most (B:1, the last
+    of the space, whose saving nothing predicts), nor with A: exit 6 once each plan was measured not to fit
+    (no plan's failure is taken to mean another fails), not a search of ten trials."""
     result = run(tmp_path, "--study", "tiny", budget="30MiB", trials=10)
     assert result.exit_code == 6
     last = result.output.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"Error: no configuration fits 28.50 MiB \(budget minus headroom\): even batch 1 with the plan that "
-        r"saves the most \(B:1\) does not; the smallest peak measured was at least ([\d.]+) MiB \(batch 1, "
-        r"plan (none|B:1), trial [01]\); it needs a budget of at least ([\d.]+) MiB",
+        r"Error: no configuration fits 28.50 MiB \(budget minus headroom\): batch 1 fits with no plan, not "
+        r"even the one that saves the most \(B:1\); the smallest peak measured was at least ([\d.]+) MiB "
+        r"\(batch 1, plan (none|A|B:1), trial [012]\); it needs a budget of at least ([\d.]+) MiB",
         last,
     ), last
     peak, needed = re.findall(r"at least ([\d.]+) MiB", last)
     assert float(needed) == pytest.approx(float(peak) / 0.95, abs=0.01)
     trials = study_trials(tmp_path, "tiny")
-    assert [(t.params["batch_size"], t.params["plan"]) for t in trials] == [(1, "none"), (1, "B:1")]
+    assert [(t.params["batch_size"], t.params["plan"]) for t in trials] == [
+        (1, "none"),
+        (1, "B:1"),
+        (1, "A:1"),
+    ]
     assert all(t.user_attrs["outcome"] == "over-budget" for t in trials)  # stopped by the guard at 28.5 MiB
 
 

@@ -1,0 +1,44 @@
+"""A trial's memory by phase: the meter files each sample under the steps the trial had finished, so warm-up
+(start-up, compilation, autotuning) and the measured steps have their own peaks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from autotune.hardware.meters import MemoryReading, RssMeter
+
+
+def test_phase_peaks_split_the_samples_at_the_end_of_warm_up() -> None:
+    reading = MemoryReading(900, "rss", 10, 1, by_step={0: 500, 1: 900, 2: 600, 3: 650})
+    assert reading.phase_peaks(2) == (900, 650)  # steps 0-1 finished: warm-up; from 2 on: measured
+    assert reading.phase_peaks(None) == (None, None)
+    assert MemoryReading(1, "rss", 1, 1).phase_peaks(2) == (None, None)
+
+
+def test_a_real_process_s_samples_are_filed_under_the_step_the_launcher_reported() -> None:
+    """A process that holds 200 MiB, then frees it: told "step 1" after the free, the meter has the large
+    samples under step 0 and the small ones under step 1."""
+    code = (
+        "import time\n"
+        "held = bytearray(200 * 2**20)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(0.6)\n"
+        "del held\n"
+        "print('freed', flush=True)\n"
+        "time.sleep(0.6)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    meter = RssMeter(interval=0.02)
+    meter.start(lambda: [proc.pid])
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "held"
+    assert proc.stdout.readline().strip() == "freed"
+    time.sleep(0.1)
+    meter.at_step(1)
+    proc.wait()
+    reading = meter.stop(0)
+    warm, steady = reading.phase_peaks(1)
+    assert warm is not None and steady is not None
+    assert warm > 200 * 2**20 > steady
