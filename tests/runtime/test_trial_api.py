@@ -225,3 +225,46 @@ def test_warm_up_goes_on_while_the_first_measured_step_is_an_outlier_up_to_its_c
 
     code, settled = _run_child(tmp_path, script.replace("(2, 3)", "()"), warmup=1, measured=3, warmup_max=4)
     assert (settled.warmup_steps, settled.steps_done) == (1, 4)  # settled from the start: nothing added
+
+
+def test_a_compile_budget_is_set_before_the_script_compiles_in_a_trial_and_by_prepare_outside() -> None:
+    """In a trial, as torch is imported (a script that never calls autotune is covered); outside one,
+    ``autotune.prepare`` sets it from AUTOTUNE_PLAN, as ``best --env`` exports it."""
+    read = "import torch._functorch.config as c; print(c.activation_memory_budget)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE_")}
+    outside = subprocess.run(
+        [sys.executable, "-c", f"import torch, autotune; autotune.prepare(torch.nn.Linear(2, 2)); {read}"],
+        env={**env, "AUTOTUNE_PLAN": "compile:0.3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert outside.returncode == 0, outside.stderr
+    assert outside.stdout.split() == ["0.3"]
+    untouched = subprocess.run(
+        [sys.executable, "-c", read], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert untouched.stdout.split() == ["1.0"]
+
+
+def test_a_trial_sets_its_compile_budget_as_torch_is_imported(tmp_path) -> None:
+    request = TrialRequest(
+        2, "compile:0.2", "torch", "cpu", 1, 1, str(tmp_path / "report.json"), str(tmp_path / "progress.json")
+    )
+    request.write(tmp_path / "request.json")
+    script = tmp_path / "script.py"
+    script.write_text(  # no autotune call: the budget is in place before anything could compile
+        "import torch._functorch.config as c\n"
+        "import torch\n"
+        "print('budget', c.activation_memory_budget, flush=True)\n"
+        "w = torch.ones(2, requires_grad=True); opt = torch.optim.SGD([w], lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    (w * 2).sum().backward(); opt.step()\n"
+    )
+    env = {**os.environ, "AUTOTUNE_TRIAL_REQUEST": str(tmp_path / "request.json")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.runtime.harness", str(script)], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "budget 0.2" in proc.stdout
