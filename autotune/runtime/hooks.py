@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from autotune.core.plans import Backend, parse_plan
+from autotune.core.plans import Backend, Plan, parse_plan
 from autotune.runtime.trial import _Trial, current, prepare
 
 
@@ -85,8 +85,14 @@ def _install_torch_hooks(torch: Any) -> None:
 
 
 def _hook_compile(torch: Any, trial: _Trial) -> None:
-    """Set this rank's compile budget, and wrap ``torch.compile`` (see the module's docstring)."""
-    plan = parse_plan(trial.request.plan).for_rank(trial.rank.rank if trial.rank else None)
+    """Set this rank's compile budget, and wrap ``torch.compile`` (see the module's docstring). A process
+    that is no rank of a per-rank plan (torchrun's launcher imports torch too) sets none; a plan that does
+    not fit the job is refused by ``prepare``, where the script applies it."""
+    plan = parse_plan(trial.request.plan)
+    rank = trial.rank.rank if trial.rank else None
+    if plan.ranks and (rank is None or rank >= len(plan.ranks)):
+        plan = Plan.none()
+    plan = plan.for_rank(rank)
     if plan.compile_budget is not None:
         from autotune.backends.torch_compile import set_compile_budget
 
