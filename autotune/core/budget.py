@@ -93,6 +93,14 @@ class Limit:
         return int(self.budget_bytes * (1 - self.headroom))
 
 
+def peak_phase(warmup_peak_bytes: int | None, steady_peak_bytes: int | None) -> str | None:
+    """Which phase of a trial set its peak: "warm-up" (start-up, compilation, autotuning) or "steady" (its
+    measured steps); None when a phase was not sampled."""
+    if warmup_peak_bytes is None or steady_peak_bytes is None:
+        return None
+    return "warm-up" if warmup_peak_bytes > steady_peak_bytes else "steady"
+
+
 def fits(outcome: Outcome | None, peak_bytes: int | None, limit_bytes: int) -> bool:
     """The one rule for fitting: the trial completed and its measured peak is within ``limit_bytes``. (An
     out-of-memory trial never fits; its peak is only a lower bound.)"""

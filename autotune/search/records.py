@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.budget import fits
+from autotune.core.budget import fits, peak_phase
 from autotune.core.enums import TextEnum
 from autotune.core.errors import first_line
 from autotune.core.protocol import Outcome, RankResult
@@ -103,10 +103,8 @@ class TrialRecord:
 
     @property
     def peak_phase(self) -> str | None:
-        """Which phase set its peak: "warm-up" or "steady" (None: not known, or no trial of this kind)."""
-        if self.warmup_peak_bytes is None or self.steady_peak_bytes is None:
-            return None
-        return "warm-up" if self.warmup_peak_bytes > self.steady_peak_bytes else "steady"
+        """Which phase set its peak (``core.budget.peak_phase``)."""
+        return peak_phase(self.warmup_peak_bytes, self.steady_peak_bytes)
 
     @property
     def note_text(self) -> str:

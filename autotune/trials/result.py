@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.backends.probe_report import ModuleCandidate, ProbeReport
-from autotune.core.budget import fits
+from autotune.core.budget import fits, peak_phase
 from autotune.core.protocol import Outcome, RankResult, TrialReport
 from autotune.core.stats import Interval, median_interval
 from autotune.trials.launcher import ProcessExit
@@ -52,10 +52,8 @@ class TrialResult:
 
     @property
     def peak_phase(self) -> str | None:
-        """Which phase set the peak: "warm-up" or "steady" (None: unknown)."""
-        if self.warmup_peak_bytes is None or self.steady_peak_bytes is None:
-            return None
-        return "warm-up" if self.warmup_peak_bytes > self.steady_peak_bytes else "steady"
+        """Which phase set the peak (``core.budget.peak_phase``)."""
+        return peak_phase(self.warmup_peak_bytes, self.steady_peak_bytes)
 
     @property
     def throughput(self) -> Interval | None:
