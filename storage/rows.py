@@ -108,6 +108,7 @@ class BestRow:
     samples_per_sec_low: float | None = None  # their interval; None in a row stored before it was kept
     samples_per_sec_high: float | None = None
     readings: int | None = None  # how many readings the interval pools
+    certainty: str | None = None  # how noisy the tuning was (autotune.search.noise.certainty); None: quiet
 
     @property
     def throughput(self) -> Interval:

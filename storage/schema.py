@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 VERSION_TABLE = "autotune_alembic_version"  # Optuna's own migrations use "alembic_version"
 
 metadata = sa.MetaData()
@@ -65,6 +65,8 @@ best = sa.Table(
     sa.Column("samples_per_sec_low", sa.Float, nullable=True),
     sa.Column("samples_per_sec_high", sa.Float, nullable=True),
     sa.Column("readings", sa.Integer, nullable=True),
+    # how noisy the tuning was, in one line (None: a quiet tuning, or stored before 0005)
+    sa.Column("certainty", sa.Text, nullable=True),
 )
 
 jobs = sa.Table(

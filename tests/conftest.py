@@ -36,6 +36,23 @@ AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 DETERMINISTIC_CPU_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's CPU pressure, as the tuner reads it in this process, pinned at none.
+
+    The search reads the kernel's CPU pressure over each trial and measures again what a busy machine read
+    (autotune.search.noise). Tests run two at a time on two cores, so the real pressure would decide, run to
+    run, whether a test's exact sequence of trials has a re-measurement in it. The load is an input here like
+    a clock: tests that assert sequences get a quiet machine; the load's own rules are tested on records that
+    carry the load (tests/search/test_robustness.py), and reading it on counters (tests/hardware/test_load.py).
+    Runs of the installed executable in a subprocess read the real machine."""
+    path = tmp_path_factory.getbasetemp() / "cpu-pressure"
+    path.write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    monkeypatch.setattr("autotune.hardware.load.PRESSURE_PATH", str(path))
+
+
 def measure_example(
     cache: Path, plan: str, env: dict[str, str] | None = None, batch: int = 32, model: tuple[str, ...] = ()
 ) -> dict:

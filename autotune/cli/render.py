@@ -55,6 +55,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                     f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})",
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),
+                *([("certainty", best.certainty)] if best.certainty else []),
             ]
         ),
         markup=False,
@@ -144,6 +145,7 @@ def as_json_text(result: TuneResult) -> str:
             "samples_per_sec_low": result.best.throughput.low,
             "samples_per_sec_high": result.best.throughput.high,
             "readings": result.best.readings,
+            "certainty": result.best.certainty,
             "trials": [r.__dict__ for r in result.records],
         }
     )
@@ -165,6 +167,7 @@ def best(out: Console, answer: BestAnswer, fmt: str | None) -> None:
                 ("plan", answer.plan),
                 ("peak", format_bytes(answer.peak_bytes)),
                 ("throughput", speed_text(answer.throughput, answer.readings)),
+                *([("certainty", answer.certainty)] if answer.certainty else []),
                 ("budget", format_bytes(answer.budget_bytes)),
                 ("source", answer.source),
             ]

@@ -44,6 +44,7 @@ class BestAnswer:
     samples_per_sec_low: float | None = None  # the interval of samples_per_sec (autotune.core.stats)
     samples_per_sec_high: float | None = None
     readings: int | None = None  # how many readings it pools
+    certainty: str | None = None  # how noisy the tuning was (None: quiet, or not known)
     grad_accum: int | None = None  # micro-batches per optimizer step (a global batch, or --grad-accum)
     command: tuple[str, ...] = ()  # the workload's command template, or the script's arguments
     template: bool = False  # whether ``command`` is a template ({batch_size}) rather than script arguments
@@ -183,6 +184,7 @@ def _stored(store: Store, row: StudyRow) -> BestAnswer | None:
         samples_per_sec_low=found.throughput.low,
         samples_per_sec_high=found.throughput.high,
         readings=found.readings,
+        certainty=found.certainty,
     )
 
 

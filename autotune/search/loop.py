@@ -8,7 +8,12 @@ Each round does one thing, in this order:
 3. the frontier — for each plan, the largest batch size that fits (measured, or predicted by the model);
 4. the sampler (TPE) — everything else. Its proposals that the model predicts cannot fit (beyond
    SKIP_MARGIN) are recorded as ``skipped`` without running; re-proposals of a measured configuration are
-   recorded as ``copy`` with the same result. Neither counts as a trial.
+   recorded as ``copy`` with the same result. Neither counts as a trial. After DIRECT_AFTER such misses
+   in a row the untried configurations are taken directly (autotune.search.propose.untried), so
+   ``--exhaustive`` reaches ``--trials`` or says truthfully that nothing is left.
+
+Re-measurements (autotune.search.noise: readings that disagree, or a busy machine's readings that decide
+the stop) are trials like any other, leased with attempts from REMEASURE_ATTEMPT up.
 
 Any number of searches, in processes on any hosts, can work on one study. A configuration is *leased* in
 the database (``Store.claim``: a unique key) before its trial is asked for, so exactly one worker measures
@@ -35,7 +40,9 @@ from autotune.core.errors import NoFitError, ScriptError
 from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
+from autotune.search.calibration import hopeless
 from autotune.search.memory_model import MemoryModel
+from autotune.search.noise import REMEASURE_ATTEMPT
 from autotune.search.optuna_trials import (
     ask_fixed,
     distributions,
@@ -43,7 +50,15 @@ from autotune.search.optuna_trials import (
     set_memory_constraint,
     tell_result,
 )
-from autotune.search.propose import Finished, Proposal, hopeless, model_of, predict_peak, propose, speed_of
+from autotune.search.propose import (
+    Finished,
+    Proposal,
+    model_of,
+    predict_peak,
+    propose,
+    speed_of,
+    untried,
+)
 from autotune.search.records import TrialKind, TrialRecord, best_record, constraint_mib
 from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
@@ -55,6 +70,7 @@ from autotune.trials.result import TrialResult
 
 SKIP_MARGIN = 0.10  # skip only what the model predicts over the limit by more than this
 MAX_MISSES = 40  # sampler proposals in a row that were skipped or copies: the space is exhausted
+DIRECT_AFTER = 3  # sampler misses in a row after which the untried configurations are taken directly
 MAX_FAILURES = 3  # script failures in a row (not OOMs) before giving up
 
 
@@ -117,7 +133,7 @@ class Search:
         """Search until the study is finished; why it stopped before ``target`` trials (None if it did not).
 
         Raises:
-            NoFitError: the budget is hopeless (see autotune.search.propose.hopeless).
+            NoFitError: the budget is hopeless (see autotune.search.calibration.hopeless).
             ScriptError: the script failed (see ``_count_failure``).
         """
         while True:
@@ -152,12 +168,19 @@ class Search:
         speed = speed_of(records, self.forward_shares)
         taken = {(x.batch_size, x.plan) for x in leases}
         proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
+        if proposal is None and self.misses >= DIRECT_AFTER:  # the sampler repeats itself
+            left = untried(records, model, self.space, self.limit, taken, SKIP_MARGIN)
+            proposal = (
+                Proposal(*left[0], "untried")
+                if left
+                else Finished("every configuration that could fit was measured (or is under way)")
+            )
         if isinstance(proposal, Finished):
             if busy:  # other workers' trials may still raise the incumbent or prove a candidate
                 return Step.BUSY
             self._stop(f"stopped after {counted} trials: {proposal.reason}", counted)
             return Step.FINISHED
-        if proposal is None and not model.calibrated and busy:
+        if proposal is None and not (model.calibrated and model.resolved) and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
@@ -199,8 +222,19 @@ class Search:
         return ask_fixed(self.study, self.distributions, batch, plan)
 
     def _proposed(self, proposal: Proposal) -> Step:
+        attempt = proposal.attempt
+        if attempt >= REMEASURE_ATTEMPT:  # past every lease of it, a dead worker's claim included
+            config = (proposal.batch_size, proposal.plan)
+            leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
+            attempt = max([attempt, *(x.attempt + 1 for x in leases if (x.batch_size, x.plan) == config)])
         lease = self.store.claim(
-            self.name, LeaseKind.TRIAL, proposal.batch_size, proposal.plan, 0, self.worker, self.device
+            self.name,
+            LeaseKind.TRIAL,
+            proposal.batch_size,
+            proposal.plan,
+            attempt,
+            self.worker,
+            self.device,
         )
         if lease is None:  # another worker claimed it between our read and our claim
             return Step.MISSED
@@ -227,7 +261,7 @@ class Search:
     def _run_lease(self, lease: Lease, why: str) -> None:
         trial = self.ask_fixed(lease.batch_size, lease.plan)
         trial.set_user_attr("worker", self.worker)
-        if lease.attempt > 0:
+        if 0 < lease.attempt < REMEASURE_ATTEMPT:  # a retry (a re-measurement is no retry)
             first = self.store.lease(self.name, lease.kind, lease.batch_size, lease.plan, 0)
             trial.set_user_attr("retry_of", first.trial_number if first is not None else None)
         records = records_of(self.study)

@@ -6,6 +6,17 @@ then needs one measurement. A plan not measured yet takes ``none``'s slope minus
 probe predicted for it (``savings``), or else the largest known slope: without a prediction it errs on the
 side of fitting less.
 
+Memory readings are noisy (RSS moves by tens of MiB between two trials of one configuration: glibc's arenas,
+threads), and a small model's per-sample memory can hide under that noise at small batch sizes. The model
+estimates the noise (:func:`memory_noise`) and calls a plan's slope *resolved* only once its peaks have
+risen by RESOLVE times it; until then the search grows the calibration batch geometrically
+(:meth:`MemoryModel.calibration_batch`). A trial stopped over the budget or out of memory is a censored
+observation: its peak is a lower bound, which raises its plan's slope wherever the fit falls below it.
+
+No proposal reaches further than EXTRAPOLATION times the largest batch size measured with its plan, and
+below a batch size that failed a proposal bisects (in the ladder's log scale) between the largest batch
+that fitted and the failure, never one rung at a time (:meth:`MemoryModel.reach`).
+
 Measurement always overrules the model: a configuration that was measured is judged by its measurement,
 and a batch that was measured over the limit (or ran out of memory) bounds the larger batch sizes of its
 own plan. Nothing is assumed across plans: a plan predicted (or even measured, at other batch sizes) to
@@ -16,6 +27,8 @@ candidates; only a measurement, or a larger batch of the same plan, rules one ou
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +39,14 @@ from autotune.core.protocol import Outcome
 
 MIN_SLOPE_SHARE = 0.05  # no plan keeps less than this share of the activations per sample
 SAVING_DOUBT = 2.0  # an optimistic bound takes the probe's predicted saving as up to this many times too low
+RESOLVE = 4.0  # a slope is resolved once its plan's peaks rose by this many times the memory noise
+GROWTH = 4  # an unresolved calibration's next batch size: about this many times its largest
+EXTRAPOLATION = 8  # no proposal beyond this many times the largest batch size measured with its plan
+MiB = 2**20
+# The noise a meter's readings have before any repeat shows more, as (share of the smallest peak, least
+# bytes): RSS moved ±35 MiB at ~500 MiB between two trials here (RELIABILITY.md); NVML readings of one
+# configuration agree to the allocator's 2 MiB granularity. Repeats and contradictions widen it.
+NOISE_PRIOR = {"rss": (0.02, 4 * MiB), "rss-tree": (0.02, 4 * MiB), "nvml": (0.002, 2 * MiB)}
 
 
 @dataclass(frozen=True)
@@ -34,6 +55,7 @@ class Observation:
     plan: str
     peak_bytes: int
     complete: bool  # False: the trial ran out of memory, so the peak is only a lower bound
+    method: str | None = None  # the meter's ("rss", "rss-tree", "nvml"): what noise its readings have
 
     @property
     def outcome(self) -> Outcome:
@@ -46,14 +68,17 @@ class MemoryModel:
     per_sample: dict[str, float] = field(default_factory=dict)
     observations: tuple[Observation, ...] = ()
     savings: dict[str, float] = field(default_factory=dict)  # predicted saving per sample vs none (the probe)
+    noise: float = 0.0  # bytes: the half-width of one reading's noise (see memory_noise)
+    bounds: dict[str, float] = field(default_factory=dict)  # least slope per plan its censored peaks allow
 
     @classmethod
     def fit(cls, observations: Sequence[Observation], savings: dict[str, float] | None = None) -> MemoryModel:
         complete = [o for o in observations if o.complete]
         plans = sorted({o.plan for o in complete})
         calibrated = any(len({o.batch_size for o in complete if o.plan == p}) >= 2 for p in plans)
+        noise = memory_noise(observations)
         if not calibrated:
-            return cls(observations=tuple(observations), savings=dict(savings or {}))
+            return cls(observations=tuple(observations), savings=dict(savings or {}), noise=noise)
         # Least squares on [fixed, slope(plan_1), ..., slope(plan_k)].
         rows = np.zeros((len(complete), 1 + len(plans)))
         rows[:, 0] = 1.0
@@ -62,16 +87,43 @@ class MemoryModel:
         peaks = np.array([o.peak_bytes for o in complete], dtype=float)
         solution = np.linalg.lstsq(rows, peaks, rcond=None)[0]
         slopes = {plan: max(float(s), 1.0) for plan, s in zip(plans, solution[1:], strict=True)}
+        fixed = max(float(solution[0]), 0.0)
+        bounds: dict[str, float] = {}
+        for o in observations:  # a censored peak: the plan's slope is at least what reaches it
+            if not o.complete and o.batch_size > 0:
+                bounds[o.plan] = max(bounds.get(o.plan, 0.0), (o.peak_bytes - fixed) / o.batch_size)
         return cls(
-            fixed=max(float(solution[0]), 0.0),
+            fixed=fixed,
             per_sample=slopes,
             observations=tuple(observations),
             savings=dict(savings or {}),
+            noise=noise,
+            bounds=bounds,
         )
 
     @property
     def calibrated(self) -> bool:
+        """A fit exists: one plan was measured at two batch sizes (see :attr:`resolved` for whether its
+        slope means anything)."""
         return self.fixed is not None
+
+    @property
+    def resolved(self) -> bool:
+        """Some plan's peaks rose above the noise: from its smallest batch size measured to a larger one
+        that completed, or to a censored peak (out of memory, over the budget), by RESOLVE x the noise."""
+        return any(
+            self.rise(plan) >= max(RESOLVE * self.noise, 1.0) for plan in {o.plan for o in self.observations}
+        )
+
+    def rise(self, plan: str) -> float:
+        """Bytes ``plan``'s peaks rose from its smallest complete batch size to its largest reading."""
+        own = [o for o in self.observations if o.plan == plan]
+        complete = [o for o in own if o.complete]
+        if not complete:
+            return 0.0
+        base = min(complete, key=lambda o: (o.batch_size, o.peak_bytes))
+        above = [o.peak_bytes for o in own if o.batch_size > base.batch_size]
+        return max(above, default=base.peak_bytes) - base.peak_bytes
 
     def predict(self, batch_size: int, plan: str) -> float | None:
         """Predicted peak in bytes, or None before calibration."""
@@ -80,7 +132,11 @@ class MemoryModel:
         return self.fixed + batch_size * self.slope(plan)
 
     def slope(self, plan: str) -> float:
-        """Bytes per sample of ``plan``: measured, else none's minus the predicted saving, else the largest."""
+        """Bytes per sample of ``plan``: measured, else none's minus the predicted saving, else the largest;
+        never less than its censored peaks allow."""
+        return max(self._slope(plan), self.bounds.get(plan, 0.0))
+
+    def _slope(self, plan: str) -> float:
         if plan in self.per_sample:
             return self.per_sample[plan]
         if "none" in self.per_sample and plan in self.savings:
@@ -137,16 +193,106 @@ class MemoryModel:
         return max(fitting, default=None)
 
     def largest_fitting(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
-        """The largest batch size for ``plan`` that was measured to fit, or is predicted to fit and lies
-        below its ceiling (see :meth:`ceiling`)."""
+        """The largest batch size for ``plan`` that was measured to fit, or is predicted to fit, lies below
+        its ceiling (see :meth:`ceiling`) and within its reach (see :meth:`reach`)."""
         measured = {o.batch_size: o for o in self.observations if o.plan == plan}
         ceiling = self.ceiling(plan, limit)
+        reach = self.reach(plan, batch_sizes, limit)
         best = None
         for batch in batch_sizes:
-            if ceiling is not None and batch >= ceiling:
+            if (ceiling is not None and batch >= ceiling) or (reach is not None and batch > reach):
                 break
             observed = measured.get(batch)
             predicted = self.predict(batch, plan)
             if observed is not None or (predicted is not None and predicted <= limit):
                 best = batch
         return best
+
+    def fitting_batches(self, plan: str, limit: int) -> list[int]:
+        """The batch sizes ``plan`` was measured to fit at, smallest first."""
+        return sorted(
+            {
+                o.batch_size
+                for o in self.observations
+                if o.plan == plan and o.complete and o.peak_bytes <= limit
+            }
+        )
+
+    def reach(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
+        """The largest batch size a proposal for ``plan`` may take (None: no bound). Below a batch size that
+        failed, the ladder's log midpoint between the largest one that fitted (of ``plan``, else of any plan,
+        else the smallest) and the failure: a bisection, never one rung down at a time. Otherwise
+        EXTRAPOLATION x the largest batch size measured with ``plan`` (with any plan, before it has one)."""
+        ceiling = self.ceiling(plan, limit)
+        if ceiling is not None:
+            below = [b for b in self.fitting_batches(plan, limit) if b < ceiling]
+            if not below:
+                below = [
+                    b
+                    for p in {o.plan for o in self.observations}
+                    for b in self.fitting_batches(p, limit)
+                    if b < ceiling
+                ]
+            low = max(below, default=batch_sizes[0] if batch_sizes and batch_sizes[0] < ceiling else None)
+            if low is None:
+                return None
+            return bisect(batch_sizes, low, ceiling) or low
+        own = [o.batch_size for o in self.observations if o.plan == plan]
+        anyone = [o.batch_size for o in self.observations if o.complete]
+        largest = max(own or anyone, default=None)
+        return None if largest is None else EXTRAPOLATION * largest
+
+    def calibration_batch(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
+        """The next batch size that calibrates ``plan``: its smallest, then about GROWTH x its largest that
+        fitted, bisecting below a failure; None once nothing is left between (the slope stays unresolved:
+        what fits was measured) or the ladder ends."""
+        fitting = self.fitting_batches(plan, limit)
+        if not fitting:
+            return batch_sizes[0] if batch_sizes else None
+        top = fitting[-1]
+        ceiling = self.ceiling(plan, limit)
+        grown = next((b for b in batch_sizes if b >= GROWTH * top), None)
+        if grown is None:  # the ladder ends before GROWTH x: its last batch size, if larger
+            grown = batch_sizes[-1] if batch_sizes and batch_sizes[-1] > top else None
+        if ceiling is not None and (grown is None or grown >= ceiling):
+            return bisect(batch_sizes, top, ceiling)
+        return grown
+
+
+def bisect(batch_sizes: Sequence[int], low: int, high: int) -> int | None:
+    """The batch size strictly between ``low`` and ``high`` nearest their geometric mean (the smaller of
+    two as near); None if there is none."""
+    between = [b for b in batch_sizes if low < b < high]
+    if not between:
+        return None
+    middle = math.log(low * high) / 2
+    return min(between, key=lambda b: (abs(math.log(b) - middle), b))
+
+
+def memory_noise(observations: Sequence[Observation]) -> float:
+    """The half-width of one peak reading's noise, in bytes: the meter's prior (NOISE_PRIOR), widened by
+    what the readings themselves show: half the spread of repeated readings of one configuration, and half
+    of any fall in peak from a smaller batch size of a plan to a larger one (a plan's peak does not fall
+    with its batch size; only noise makes it read so)."""
+    complete = [o for o in observations if o.complete]
+    noise = 0.0
+    if complete:
+        smallest = min(o.peak_bytes for o in complete)
+        for o in complete:
+            share, least = NOISE_PRIOR.get(o.method or "", (0.0, 0))
+            noise = max(noise, least, share * smallest)
+    by_plan: dict[str, list[Observation]] = defaultdict(list)
+    for o in complete:
+        by_plan[o.plan].append(o)
+    for readings in by_plan.values():
+        for low in readings:
+            fall = max(
+                (
+                    low.peak_bytes - o.peak_bytes
+                    for o in readings
+                    if o is not low and o.batch_size >= low.batch_size
+                ),
+                default=0,
+            )
+            noise = max(noise, fall / 2)
+    return noise

@@ -136,5 +136,6 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "compile_cache": result.compile_cache,
         "warmup_peak_bytes": result.warmup_peak_bytes,
         "steady_peak_bytes": result.steady_peak_bytes,
+        "load": result.load.to_dict() if result.load is not None else None,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

@@ -2,12 +2,14 @@
 configuration (calibration, then the configurations that could still win), decide when the search has won
 or the budget is hopeless. No Optuna, no database.
 
-- *Calibration*: the first plan at the smallest batch size, then one about 4x larger (and the ones between,
-  if a larger one did not fit), until the memory model has two batch sizes of one plan. If the first plan
+- *Calibration* (autotune.search.calibration): the first plan at the smallest batch size, then about 4x
+  its largest, until its peaks rise above the memory noise (bisecting below a failure). If the first plan
   does not fit at the smallest batch size, the plan expected to save the most takes its place, then the
-  next; once every plan was measured not to fit there, the budget is hopeless (:func:`hopeless`). No
-  plan's measurement bounds another's: memory is not assumed monotonic across plans or in a plan
-  parameter (a ratio, torch.compile's budget), so only a plan's own measurements rule it out.
+  next; once every plan was measured not to fit there, the budget is hopeless. No plan's measurement
+  bounds another's: memory is not assumed monotonic across plans or in a plan parameter (a ratio,
+  torch.compile's budget), so only a plan's own measurements rule it out.
+- *Re-measurement* (autotune.search.noise): a configuration whose readings disagree is measured again
+  before anything is concluded from it.
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
   (autotune.search.memory_model), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
@@ -18,20 +20,24 @@ or the budget is hopeless. No Optuna, no database.
   no faster than its lightest entry applied everywhere).
 - *Stopping rule*: once a configuration fits (the incumbent), a candidate is measured only if its
   optimistic prediction beats the incumbent by more than the incumbent's noise; when none does, the
-  search has won (:class:`Finished`). ``exhaustive`` searches keep today's behaviour instead: every plan's
+  search has won (:class:`Finished`), once two questions are answered: a reading lower at a larger batch
+  than at a smaller one is probed between (:func:`_between`), and the readings that decide the stop are
+  measured again if a busy machine took them (autotune.search.noise.unsettled). ``exhaustive`` searches keep today's behaviour instead: every plan's
   frontier, then the sampler until ``--trials``.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from autotune.core.budget import format_bytes
 from autotune.core.plans import parse_plan
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
-from autotune.search.memory_model import MemoryModel, Observation
+from autotune.search.calibration import next_calibration
+from autotune.search.memory_model import MemoryModel, Observation, bisect
+from autotune.search.noise import contradicted, next_attempt, unsettled
 from autotune.search.records import TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
 from autotune.search.throughput_model import Configuration, Reading, ThroughputModel
@@ -43,10 +49,11 @@ UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this sha
 class Proposal:
     batch_size: int
     plan: str
-    why: str  # "calibration", "frontier", "candidate"
+    why: str  # "calibration", "frontier", "candidate", "between", "re-measure", "untried"
     # configurations (this one included) the models say could still beat the incumbent: the stop rule's view
     # of what is left; None while calibrating or past the frontier of an exhaustive search
     contenders: int | None = field(default=None, compare=False)
+    attempt: int = 0  # the lease's: 0 for a first trial, REMEASURE_ATTEMPT and up for a re-measurement
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ def model_of(records: Iterable[TrialRecord], savings: dict[str, float] | None = 
     """The memory model fitted to every measured peak (an OOM's peak as a lower bound)."""
     return MemoryModel.fit(
         [
-            Observation(r.batch_size, r.plan, r.peak_bytes, r.outcome is Outcome.COMPLETE)
+            Observation(r.batch_size, r.plan, r.peak_bytes, r.outcome is Outcome.COMPLETE, r.memory_method)
             for r in records
             if r.measured and r.batch_size is not None and r.plan is not None and r.peak_bytes is not None
         ],
@@ -104,8 +111,14 @@ def propose(
     tried = {
         (r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")
     } | set(taken)
-    if not model.calibrated:
-        return _calibration(records, model, space, limit, tried)
+    if not (model.calibrated and model.resolved):
+        calibration = next_calibration(records, model, space, limit, tried)
+        if calibration is not None:
+            return Proposal(*calibration, "calibration")
+        if not model.calibrated:
+            return None
+    if (again := contradicted(records)) is not None:
+        return Proposal(*again, "re-measure", attempt=next_attempt(records, again))
     frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.uniform_plans}
     untried = [(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
@@ -160,6 +173,14 @@ def propose(
         return Proposal(*best, "frontier" if best[0] == frontier[best[1]] else "candidate", contenders)
     if incumbent is None:  # nothing fits yet, and nothing left is predicted to
         return Finished("no configuration left is predicted to fit")
+    assert incumbent.batch_size is not None and incumbent.plan is not None
+    deciders = [(incumbent.batch_size, incumbent.plan)]
+    if speed.reference is not None and (speed.largest, speed.reference) in speed.pooled:
+        deciders.append((speed.largest, speed.reference))
+    if (again := unsettled(records, deciders)) is not None:
+        return Proposal(*again, "re-measure", attempt=next_attempt(records, again))
+    if (question := _between(speed, model, space, limit, tried, bar)) is not None:
+        return question
     name = f"{incumbent.plan}@{incumbent.batch_size}"
     reason = (
         f"no remaining configuration is predicted to beat {name} ({bar} samples/s) by more than its noise"
@@ -243,68 +264,59 @@ def _bar(speed: ThroughputModel, incumbent: TrialRecord | None) -> Interval | No
     return speed.pooled.get((incumbent.batch_size, incumbent.plan)) or incumbent.throughput
 
 
-def _calibration(
-    records: list[TrialRecord],
+def _between(
+    speed: ThroughputModel,
     model: MemoryModel,
     space: SearchSpace,
     limit: int,
     tried: set[tuple[int | None, str | None]],
+    bar: Interval | None,
 ) -> Proposal | None:
-    """The calibration plan's next batch size below the smallest one measured not to fit; the plan is the
-    first one, or if it does not fit at the smallest batch size the one expected to save the most, then
-    the next (no plan is ruled out by another's measurement)."""
-    smallest = space.batch_sizes[0]
-    for plan in dict.fromkeys((space.uniform_plans[0], *by_saving(model, space))):
-        if any(not r.fits(limit) for r in _measured(records, smallest, plan)):
-            continue  # this plan cannot calibrate the model: it does not fit even at the smallest batch
-        ceiling = model.ceiling(plan, limit)
-        for batch in calibration_batches(space.batch_sizes):
-            if (batch, plan) not in tried and (ceiling is None or batch < ceiling):
-                return Proposal(batch, plan, "calibration")
-        if not _measured(records, smallest, plan):
-            return None  # its smallest batch is under way (another worker's): wait for its peak
+    """A batch size between two readings of one plan where the larger batch read slower beyond both
+    intervals, and the smaller one is near the top (its interval reaches the incumbent's): the throughput
+    curve does not fall, so the drop is a question (the machine, or a cliff), not a plateau. The ladder's
+    log midpoint, if it is predicted to fit and not tried."""
+    by_plan: dict[str, list[tuple[int, Interval]]] = {}
+    for (batch, plan), reading in speed.pooled.items():
+        by_plan.setdefault(plan, []).append((batch, reading))
+    for plan, points in by_plan.items():
+        points.sort()
+        for (low, at_low), (high, at_high) in itertools.pairwise(points):
+            if at_high.high >= at_low.low or (bar is not None and at_low.high < bar.low):
+                continue
+            middle = bisect(space.batch_sizes, low, high)
+            largest = model.largest_fitting(plan, space.batch_sizes, limit) if plan in space.plans else None
+            if (
+                middle is not None
+                and (middle, plan) not in tried
+                and largest is not None
+                and middle <= largest
+            ):
+                return Proposal(middle, plan, "between")
     return None
 
 
-def by_saving(model: MemoryModel, space: SearchSpace) -> list[str]:
-    """The plans, the one expected to save the most memory per sample first: the largest known saving,
-    else one whose saving is unknown (it may save anything; the last in the space, which orders plans from
-    none towards checkpointing more), else none."""
-
-    def saving(plan: str) -> tuple[float, bool, int]:
-        known = model.saving(plan)
-        return (known or 0.0, known is None, space.plans.index(plan))
-
-    return sorted(space.uniform_plans, key=saving, reverse=True)
-
-
-def most_saving(model: MemoryModel, space: SearchSpace) -> str:
-    """The plan expected to save the most memory per sample (see :func:`by_saving`)."""
-    return by_saving(model, space)[0]
-
-
-def hopeless(records: list[TrialRecord], model: MemoryModel, space: SearchSpace, limit: int) -> str | None:
-    """Why no configuration can fit, once every plan was measured not to fit at the smallest batch size
-    (None while something still could: no plan's failure says another will fail)."""
-    smallest, plan = space.batch_sizes[0], most_saving(model, space)
-    if not all(any(not r.fits(limit) for r in _measured(records, smallest, p)) for p in space.uniform_plans):
-        return None
-    lowest = min((r for r in records if r.measured), key=lambda r: r.peak_bytes or 0)
-    bound = "" if lowest.outcome is Outcome.COMPLETE else " at least"
-    return (
-        f"no configuration fits {format_bytes(limit)} (budget minus headroom): batch {smallest} fits with "
-        f"no plan, not even the one that saves the most ({plan}); the smallest peak measured was{bound} "
-        f"{format_bytes(lowest.peak_bytes or 0)} (batch {lowest.batch_size}, plan {lowest.plan}, trial "
-        f"{lowest.number})"
-    )
-
-
-def _measured(records: list[TrialRecord], batch: int, plan: str) -> list[TrialRecord]:
-    return [r for r in records if (r.batch_size, r.plan) == (batch, plan) and r.measured]
-
-
-def calibration_batches(batch_sizes: tuple[int, ...]) -> list[int]:
-    """The smallest batch size, then one about 4x larger, then the ones between."""
-    low = batch_sizes[0]
-    wide = next((b for b in batch_sizes if b >= 4 * low), batch_sizes[-1])
-    return [low, wide, *(b for b in batch_sizes if low < b < wide)]
+def untried(
+    records: list[TrialRecord],
+    model: MemoryModel,
+    space: SearchSpace,
+    limit: int,
+    taken: Iterable[Configuration],
+    margin: float,
+) -> list[Configuration]:
+    """Every configuration of the space not measured or under way that could fit (not predicted over the
+    limit by more than ``margin``, below its plan's ceiling), the largest batch sizes first."""
+    tried = {
+        (r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")
+    }
+    tried |= set(taken)
+    left = []
+    for plan in space.plans:
+        ceiling = model.ceiling(plan, limit)
+        for batch in space.batch_sizes:
+            predicted = predict_peak(records, model, space, batch, plan)
+            if (batch, plan) in tried or (ceiling is not None and batch >= ceiling):
+                continue
+            if predicted is None or predicted <= limit * (1 + margin):
+                left.append((batch, plan))
+    return sorted(left, key=lambda c: (-c[0], space.plans.index(c[1])))

@@ -14,6 +14,7 @@ from autotune.core.enums import TextEnum
 from autotune.core.errors import first_line
 from autotune.core.protocol import Outcome, RankResult
 from autotune.core.stats import Interval
+from autotune.hardware.load import Load
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -56,6 +57,8 @@ class TrialRecord:
     ranks: tuple[RankResult, ...] = ()  # a multi-process trial's ranks: each one's peak and end
     warmup_peak_bytes: int | None = None  # the largest sample of its warm-up (compilation, autotuning...)
     steady_peak_bytes: int | None = None  # the largest sample of its measured steps
+    memory_method: str | None = None  # the meter's: "rss", "rss-tree", "nvml"
+    load: Load | None = None  # how busy the machine was while it ran
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -69,6 +72,7 @@ class TrialRecord:
             plan=trial.params.get("plan"),
             outcome=Outcome(outcome) if outcome is not None else None,
             ranks=tuple(RankResult.from_dict(r) for r in attrs.get("ranks") or ()),
+            load=Load.from_dict(attrs.get("load")),
             **{name: attrs.get(name) for name in _ATTRS},
         )
 
@@ -139,6 +143,7 @@ _ATTRS = (
     "grad_accum",
     "warmup_peak_bytes",
     "steady_peak_bytes",
+    "memory_method",
 )
 
 

@@ -75,6 +75,7 @@ class ThroughputModel:
     pooled: dict[Configuration, Interval] = field(
         default_factory=dict
     )  # each configuration, all its readings
+    between: float = NOISE_FLOOR  # relative spread of one configuration's readings between trials
 
     @classmethod
     def fit(
@@ -101,6 +102,7 @@ class ThroughputModel:
             noise=float(np.median([s.noise for s in base.values()])),
             forward_shares=shares,
             pooled=configs,
+            between=between_trials(list(grouped.values())),
         )
         overhead = {
             plan: o
@@ -125,7 +127,7 @@ class ThroughputModel:
         flat = self.flat.speed(max(batch, self.largest), overhead)
         if self.line is None:
             return flat
-        fitted = self.line.speed(batch, overhead) * (1 + self.noise)
+        fitted = self.line.speed(batch, overhead) * (1 + max(self.noise, self.between))
         return max(fitted, flat) if batch > self.largest else fitted
 
     def least_overhead(self, plan: str) -> float:
@@ -187,6 +189,17 @@ class ThroughputModel:
             float(np.median([e.mid for e in estimates])),
             max(e.high for e in estimates),
         )
+
+
+def between_trials(readings: Sequence[Sequence[Interval]]) -> float:
+    """The relative noise between two trials of one configuration: the median, over configurations read
+    more than once, of their readings' half range over their median (NOISE_FLOOR when none was)."""
+    spreads = [
+        (max(r.mid for r in rs) - min(r.mid for r in rs)) / 2 / mid
+        for rs in readings
+        if len(rs) > 1 and (mid := float(np.median([r.mid for r in rs]))) > 0
+    ]
+    return max(float(np.median(spreads)), NOISE_FLOOR) if spreads else NOISE_FLOOR
 
 
 def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:

@@ -5,7 +5,9 @@ configurations whose throughput interval overlaps the leader's are its *rivals* 
 next best when the leader's verified reading falls below that configuration's interval (a busy machine
 once made a one-reading winner of a configuration that verified at half its speed). With rivals, every
 contender is re-run longer, interleaved (A B C A B C: a load that comes and goes falls on all of them),
-ROUNDS times. Each contender's throughput is then the median of all its readings, the search's included
+ROUNDS times; so is the leader whose longer run disagrees with its own search reading beyond their intervals
+(autotune.search.noise.disagree), beside the next best: a 48x disagreement is measured, never answered.
+Each contender's throughput is then the median of all its readings, the search's included
 (autotune.core.stats.pooled); the fastest wins, and among those within its noise the one with the smaller
 peak, so the same job on the same machine gives the same answer run after run. A contender whose longer
 run does not fit is out; if the leader is, the next configuration is verified, up to MAX_VERIFICATIONS.
@@ -22,6 +24,7 @@ import time
 from autotune.core.budget import format_bytes
 from autotune.core.errors import NoFitError
 from autotune.core.stats import Interval
+from autotune.search import noise
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, speed_of
@@ -94,13 +97,23 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
             return None
         records = records_of(search.study)  # with the verification
         challenger = _challenger(search, leader, result, records)
-        if challenger is None:
+        contradicted = noise.disagreeing(records, leader)
+        if challenger is None and not contradicted:
             return _store(search, lease, leader, records)
-        search.reporter.note(
-            f"{_name(leader)} verified at {result.throughput} samples/s, below {_name(challenger)}'s "
-            f"interval: both are measured again, interleaved"
-        )
-        contenders.append(challenger)
+        if challenger is not None:
+            search.reporter.note(
+                f"{_name(leader)} verified at {result.throughput} samples/s, below {_name(challenger)}'s "
+                f"interval: both are measured again, interleaved"
+            )
+        else:  # its own readings disagree: nothing is answered from them; the next best is measured beside it
+            challenger = next((c for c, _ in _fitting_configs(search, records) if c != leader), None)
+            search.reporter.note(
+                f"{_name(leader)} verified at {result.throughput} samples/s, which its search reading "
+                f"contradicts (the machine was busy for one of them): it is measured again"
+                + (f", interleaved with {_name(challenger)}" if challenger is not None else "")
+            )
+        if challenger is not None:
+            contenders.append(challenger)
     fitting = set(contenders)
     for round_ in range(1, ROUNDS + 1):
         for config in contenders:
@@ -196,7 +209,7 @@ def _choose(records: list[TrialRecord], contenders: list[Configuration]) -> Conf
 
 def _store(search: Search, lease: Lease, config: Configuration, records: list[TrialRecord]) -> BestRow:
     speed = _readings(records)[config]
-    records = [r for r in records if (r.batch_size, r.plan) == config]
+    every, records = records, [r for r in records if (r.batch_size, r.plan) == config]
     trial = best_record(records, search.limit)
     assert trial is not None  # a contender has a fitting trial
     checks = [r for r in records if r.kind is TrialKind.VERIFICATION and r.outcome is not None]
@@ -214,6 +227,7 @@ def _store(search: Search, lease: Lease, config: Configuration, records: list[Tr
         speed.low,
         speed.high,
         len([r for r in records if r.samples_per_sec]),
+        noise.certainty(every, config),
     )
     search.store.save_best(best)
     search.store.set_job_state(search.name, JobState.DONE)

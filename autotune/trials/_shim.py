@@ -147,6 +147,7 @@ def main() -> None:
         "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "maxrss_bytes": usage.ru_maxrss * 1024,  # Linux reports KiB
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,  # its own and its reaped children's
         "stopped": stopped,
     }
     tmp = result_path + ".tmp"

@@ -64,6 +64,7 @@ class ProcessExit:
     # "startup" or "run" (its timeouts), "ceiling" (its peak passed it), or "rank" (one rank ended it)
     timed_out: str | None
     stopped: bool  # autotune stopped it (timeout, ceiling or Ctrl-C)
+    cpu_seconds: float | None = None  # user + system time of the main process and its reaped children
 
 
 def run_process(
@@ -106,6 +107,7 @@ def run_process(
         wall_seconds=wall,
         timed_out=timed_out,
         stopped=result["stopped"],
+        cpu_seconds=result.get("cpu_seconds"),
     )
     return exit_info, reading
 

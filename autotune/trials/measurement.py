@@ -31,6 +31,7 @@ from autotune.core.protocol import (
     TrialRequest,
 )
 from autotune.hardware.devices import Device, gpus_in, resolve_device
+from autotune.hardware.load import LoadSnapshot
 from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
@@ -182,7 +183,11 @@ def run_trial(
         ranks=watch if command.launcher else None,
         ended=lambda: rank_failed(request.report_path),
     )
+    before = LoadSnapshot.now()
     exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
+    load = before.until(LoadSnapshot.now())
+    if exit_info.cpu_seconds is not None and exit_info.wall_seconds > 0:
+        load = dataclasses.replace(load, cpu_per_wall=exit_info.cpu_seconds / exit_info.wall_seconds)
     reports = rank_reports(request.report_path)
     started = watch.identities()
     report = (
@@ -192,7 +197,9 @@ def run_trial(
     if outcome is Outcome.FAILED:
         error = "\n".join(filter(None, [error, tail(workdir / "stderr.log")]))
     ranks = _rank_results(reading, reports, exit_info, ceiling)
-    return _result(outcome, error, request, device, reading, exit_info, report, workdir, ranks)
+    return dataclasses.replace(
+        _result(outcome, error, request, device, reading, exit_info, report, workdir, ranks), load=load
+    )
 
 
 def _rank_results(

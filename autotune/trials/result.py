@@ -11,6 +11,7 @@ from autotune.backends.probe_report import ModuleCandidate, ProbeReport
 from autotune.core.budget import fits, peak_phase
 from autotune.core.protocol import Outcome, RankResult, TrialReport
 from autotune.core.stats import Interval, median_interval
+from autotune.hardware.load import Load
 from autotune.trials.launcher import ProcessExit
 from autotune.trials.settings import TrialSettings
 
@@ -49,6 +50,7 @@ class TrialResult:
     # peak_bytes, the whole run's: what the user's job sees)
     warmup_peak_bytes: int | None = None
     steady_peak_bytes: int | None = None
+    load: Load | None = None  # how busy the machine was while it ran (autotune.hardware.load)
 
     @property
     def peak_phase(self) -> str | None:

@@ -41,13 +41,13 @@ def count_reading(state_dir: str | None, batch: int, plan: str) -> int:
     return before
 
 
-def slow_factor(spec: str, batch: int, plan: str, reading: int) -> float:
-    """FACTOR of ``BATCH:PLAN#N=FACTOR`` in ``spec`` for this trial (1 if it is not named)."""
+def named_value(spec: str, batch: int, plan: str, reading: int, default: float) -> float:
+    """VALUE of ``BATCH:PLAN#N=VALUE`` in ``spec`` for this trial (``default`` if it is not named)."""
     for item in filter(None, spec.split(",")):
-        config, _, factor = item.partition("=")
+        config, _, value = item.partition("=")
         if config == f"{batch}:{plan}#{reading}":
-            return float(factor)
-    return 1.0
+            return float(value)
+    return default
 
 
 def main() -> None:
@@ -84,6 +84,12 @@ def main() -> None:
         default="",
         help="BATCH:PLAN#N=FACTOR,...: the N-th trial (from 0) of that configuration, counted in "
         "--state-dir, runs FACTOR times slower, as on a machine busy for that one trial",
+    )
+    p.add_argument(
+        "--extra-mib",
+        default="",
+        help="BATCH:PLAN#N=MIB,...: the N-th trial (from 0) of that configuration, counted in --state-dir, "
+        "holds MIB more, as RSS that differs between two trials of one configuration (glibc, threads)",
     )
     p.add_argument("--state-dir", default=None, help="where trials of each configuration are counted")
     p.add_argument("--seed", type=int, default=None, help="seed of --noise, per configuration and trial")
@@ -141,11 +147,12 @@ def main() -> None:
             f.write(" ".join(map(str, pids)) + "\n")
 
     batch = autotune.batch_size(default=1)
-    held = touched(args.base_mib + batch * args.per_sample_mib * scale * (1 - saving))  # noqa: F841
-    step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
     plan = os.environ.get("AUTOTUNE_PLAN", "none")
     reading = count_reading(args.state_dir, batch, plan)
-    step_seconds *= slow_factor(args.slow, batch, plan, reading)
+    extra = named_value(args.extra_mib, batch, plan, reading, 0.0)
+    held = touched(args.base_mib + extra + batch * args.per_sample_mib * scale * (1 - saving))  # noqa: F841
+    step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
+    step_seconds *= named_value(args.slow, batch, plan, reading, 1.0)
     seed = None if args.seed is None else f"{args.seed}:{batch}:{plan}:{reading}"
     jitter = random.Random(seed)
     if args.never_step:

@@ -8,11 +8,10 @@ per sample by the probe's prediction. The limit is 500 MiB, so ``none`` fits up 
 from __future__ import annotations
 
 from autotune.core.protocol import Outcome
+from autotune.search.calibration import hopeless
 from autotune.search.propose import (
     Finished,
     Proposal,
-    calibration_batches,
-    hopeless,
     model_of,
     propose,
     speed_of,
@@ -80,7 +79,6 @@ def calibrated(curve=saturating) -> list[TrialRecord]:
 
 
 def test_calibration_starts_at_the_smallest_batch_then_about_four_times_it() -> None:
-    assert calibration_batches(SPACE.batch_sizes) == [1, 4, 2]
     assert next_for([]) == Proposal(1, "none", "calibration")
     assert next_for(calibrated()[:1]) == Proposal(4, "none", "calibration")
 
@@ -176,9 +174,13 @@ def test_the_plan_that_saves_the_most_is_tried_when_the_first_does_not_fit_then_
 
 
 def test_configurations_leased_by_other_workers_are_not_proposed() -> None:
+    """With none@32 under way elsewhere, A:1 is proposed no further than 8x the largest batch measured (4:
+    its frontier, 96, is an extrapolation of 24x); once that is taken too, the next most promising."""
     records = calibrated(knee)
-    assert next_for(records, {(32, "none")}) == Proposal(96, "A:1", "frontier")
-    assert next_for(records, {(32, "none"), (96, "A:1")}) == Proposal(64, "A:1", "candidate")
+    assert next_for(records, {(32, "none")}) == Proposal(32, "A:1", "frontier")
+    assert next_for(records, {(32, "none"), (32, "A:1")}) == Proposal(24, "none", "candidate")
+    records.append(trial(2, 32, "none", 10, samples_per_sec=knee(32)))
+    assert next_for(records, {(96, "A:1")}) == Proposal(64, "A:1", "candidate")
 
 
 def test_the_best_record_is_the_fastest_that_fits_and_ignores_verifications_and_copies() -> None:

@@ -69,7 +69,7 @@ def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
     engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("SELECT version_num FROM autotune_alembic_version")).all() == [
-            ("0004",)
+            ("0005",)
         ]
         assert conn.execute(sqlalchemy.text("SELECT count(*) FROM alembic_version")).one() == (
             1,
@@ -162,7 +162,8 @@ def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) 
     assert workers == {str(first.pid), str(second.pid)}, summary
     assert [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     verified = [t for t in trials if t.user_attrs["kind"] == "verification"]
-    assert len(verified) == 1
+    # one verification (its rivals re-measured beside it when it has any: here none@48 and A:1@48 tie)
+    assert len({t.user_attrs["lease"] for t in verified}) == 1, summary
     answer = subprocess.run(
         [AUTOTUNE, "best", "--study", "shared", "--storage", storage, "--json"],
         capture_output=True,
@@ -170,4 +171,6 @@ def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) 
         timeout=60,
     )
     data = json.loads(answer.stdout)
-    assert (data["verified"], data["batch_size"], data["plan"]) == (True, *verified[0].params.values())
+    assert data["verified"] and (data["batch_size"], data["plan"]) in {
+        tuple(t.params.values()) for t in verified
+    }

@@ -256,7 +256,7 @@ def test_a_database_written_by_a_newer_autotune_is_refused(tmp_path) -> None:
         conn.execute("UPDATE autotune_alembic_version SET version_num = '9999'")
     result = CliRunner().invoke(cli, ["studies", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 5
-    assert "revision 9999) is newer than this autotune knows (0004): upgrade autotune" in result.output
+    assert "revision 9999) is newer than this autotune knows (0005): upgrade autotune" in result.output
 
 
 def test_an_optuna_database_gains_autotune_tables_and_keeps_its_trials(tmp_path) -> None:
@@ -267,7 +267,7 @@ def test_an_optuna_database_gains_autotune_tables_and_keeps_its_trials(tmp_path)
     assert result.exit_code == 0, result.output
     assert len(optuna.load_study(study_name="theirs", storage=url).trials) == 3
     with sqlite3.connect(tmp_path / "autotune.db") as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0004",)]
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0005",)]
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "x" * 129, "tab\there"])
@@ -290,12 +290,16 @@ def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
     data = json.loads(result.stdout)
     assert data["peak_bytes"] <= data["limit_bytes"] < 700 * MiB
     measured = [t for t in data["trials"] if t["kind"] == "measured"]
-    # The probe's plan space, in frontier order: calibration on none, then none, Block in full, and the
-    # operator-level plan (keep matmul outputs, recompute the rest: the example computes attention with
-    # matmuls, so the probe names no attention op).
-    assert [t["plan"] for t in measured][:5] == ["none", "none", "none", "Block:1", "Block:1/save=matmul"]
+    # Calibration on none (2, 8, and 32 if the rise from 2 to 8, ~23 MiB, is within 4x the RSS noise),
+    # then the probe's plan space in frontier order: none, Block in full, and the operator-level plan
+    # (keep matmul outputs, recompute the rest: the example computes attention with matmuls, so the probe
+    # names no attention op).
+    calibration = [t for t in measured if t["proposed_by"] == "calibration"]
+    assert [t["batch_size"] for t in calibration] in ([2, 8], [2, 8, 32])
+    after = [t["plan"] for t in measured if t["proposed_by"] != "calibration"]
+    assert after == ["none", "Block:1", "Block:1/save=matmul"][: 5 - len(calibration)]
     # Seeded with the probe's savings, the first trial of each plan lands near its prediction.
-    for t in measured[3:5]:
+    for t in [t for t in measured if t["plan"] != "none"]:
         assert abs(t["predicted_peak_bytes"] - t["peak_bytes"]) < 0.15 * t["peak_bytes"], t
     answer = CliRunner().invoke(cli, ["best", "--cache-dir", str(tmp_path), "--json"])
     assert json.loads(answer.stdout)["batch_size"] == data["batch_size"]

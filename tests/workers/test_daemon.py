@@ -291,7 +291,7 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     with sqlite3.connect(path) as conn:  # what autotune 0001 left: no jobs, no leases
         conn.execute("DROP TABLE autotune_leases")
         conn.execute("DROP TABLE autotune_jobs")
-        for column in ("samples_per_sec_low", "samples_per_sec_high", "readings"):  # added by 0003
+        for column in ("samples_per_sec_low", "samples_per_sec_high", "readings", "certainty"):  # 0003, 0005
             conn.execute(f"ALTER TABLE autotune_best DROP COLUMN {column}")
         conn.execute("UPDATE autotune_alembic_version SET version_num = '0001'")
     study = optuna.create_study(storage=f"sqlite:///{path}", study_name="old")
@@ -306,7 +306,7 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     )
     assert proc.returncode == 0, proc.stderr
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0004",)]
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0005",)]
         assert conn.execute("SELECT count(*) FROM autotune_leases").fetchall() == [(0,)]
         # 0004: the constraint in the list form optuna-dashboard reads, and only there
         stored = "SELECT key, value_json FROM trial_system_attributes WHERE key LIKE 'constraints%' ORDER BY trial_id"
@@ -321,7 +321,7 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     assert len(backups) == 1
     with sqlite3.connect(backups[0]) as conn:
         assert conn.execute("SELECT count(*) FROM trials").fetchall() == [(3,)]
-    upgraded = f"autotune upgraded its tables from schema 0001 to 0004; the old one is kept at {backups[0]}"
+    upgraded = f"autotune upgraded its tables from schema 0001 to 0005; the old one is kept at {backups[0]}"
     assert upgraded in proc.stderr.decode().splitlines()  # one line says it, with the backup's path
 
 

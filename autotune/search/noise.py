@@ -1,0 +1,139 @@
+"""Noise between trials: which readings a busy machine disturbed, what must be measured again before
+anything is concluded from it, and how sure an answer is.
+
+A trial's steps agree to ±1% while two trials of one configuration on a shared machine have read 62.5 and
+1.3 samples/s: the load that matters comes and goes between trials (RELIABILITY.md). Each trial records the
+kernel's CPU pressure over its run (autotune.hardware.load). A reading is *disturbed* when the pressure
+over its trial was more than LOADED above the quietest trial of the study (the trial's own threads, the
+tuner's meter: what a quiet machine shows). A configuration's speed is the median of all its readings
+(autotune.core.stats.pooled): with three, one that a burst slowed 48x does not move it.
+
+Two readings of one configuration *disagree* when their intervals, each at least ±BETWEEN_FLOOR (what two
+quiet trials differ by), do not overlap. Such a configuration is measured again, up to MAX_READINGS,
+before the search concludes anything from it; and before the stop rule ends a search, the readings that
+decide it (the incumbent's, and the reference plan's largest batch size, which bounds how far every other
+configuration could climb) are measured again, interleaved, if a busy machine took them (or nothing says
+it was quiet: a kernel without CPU pressure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from autotune.core.protocol import Outcome
+from autotune.core.stats import Interval
+from autotune.search.records import TrialKind, TrialRecord
+
+LOADED = 0.05  # CPU pressure (a share of the trial's time) above the quietest trial's: a disturbed reading
+BETWEEN_FLOOR = 0.05  # two quiet trials of one configuration differ by up to about this much
+MAX_READINGS = 3  # a configuration is measured at most this often before the search stops questioning it
+REMEASURE_ATTEMPT = 2  # leases of re-measurements start here (0: the first trial, 1: its one retry)
+
+Configuration = tuple[int, str]
+READING_KINDS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
+
+
+def pressure(record: TrialRecord) -> float | None:
+    return record.load.cpu_pressure if record.load is not None else None
+
+
+def disturbed(records: Iterable[TrialRecord]) -> set[int]:
+    """The numbers of the trials whose CPU pressure was more than LOADED above the study's quietest."""
+    known = [(r.number, p) for r in records if (p := pressure(r)) is not None]
+    if not known:
+        return set()
+    quiet = min(p for _, p in known)
+    return {number for number, p in known if p > quiet + LOADED}
+
+
+def readings(records: Iterable[TrialRecord], config: Configuration) -> list[TrialRecord]:
+    """The completed speed readings of ``config``: its search trials, warm starts and verifications."""
+    return [
+        r
+        for r in records
+        if (r.batch_size, r.plan) == config
+        and r.kind in READING_KINDS
+        and r.outcome is Outcome.COMPLETE
+        and r.throughput is not None
+    ]
+
+
+def disagree(intervals: Sequence[Interval]) -> bool:
+    """Whether readings of one configuration disagree beyond their intervals (each at least ±BETWEEN_FLOOR)."""
+    if len(intervals) < 2:
+        return False
+    half = [max(i.noise, BETWEEN_FLOOR) * i.mid for i in intervals]
+    return max(i.mid - h for i, h in zip(intervals, half, strict=True)) > min(
+        i.mid + h for i, h in zip(intervals, half, strict=True)
+    )
+
+
+def _intervals(rs: Sequence[TrialRecord]) -> list[Interval]:
+    return [t for r in rs if (t := r.throughput) is not None]
+
+
+def disagreeing(records: list[TrialRecord], config: Configuration) -> bool:
+    """Whether ``config``'s readings disagree (see :func:`disagree`)."""
+    return disagree(_intervals(readings(records, config)))
+
+
+def in_flight(records: Iterable[TrialRecord], config: Configuration) -> bool:
+    return any((r.batch_size, r.plan) == config and r.state in ("RUNNING", "WAITING") for r in records)
+
+
+def contradicted(records: list[TrialRecord]) -> Configuration | None:
+    """A configuration whose readings disagree and that may be measured again (fewest readings first)."""
+    configs = {(r.batch_size, r.plan) for r in records if r.batch_size is not None and r.plan is not None}
+    found = []
+    for config in configs:
+        rs = readings(records, config)
+        if 2 <= len(rs) < MAX_READINGS and disagreeing(records, config) and not in_flight(records, config):
+            found.append((len(rs), config))
+    return min(found)[1] if found else None
+
+
+def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> Configuration | None:
+    """The decider to measure again before the search may stop (None: they are settled): one read only on
+    a busy machine (or where the kernel gives no CPU pressure), or whose readings disagree; the one read
+    least often first, so that two deciders are measured interleaved."""
+    busy = disturbed(records)
+    needing = []
+    for order, config in enumerate(dict.fromkeys(deciders)):
+        rs = readings(records, config)
+        if not rs or in_flight(records, config):
+            continue
+        unsure = any(r.number in busy or (r.load is not None and r.load.cpu_pressure is None) for r in rs)
+        if (len(rs) < 2 and unsure) or (len(rs) < MAX_READINGS and disagreeing(records, config)):
+            needing.append((len(rs), order, config))
+    return min(needing)[2] if needing else None
+
+
+def next_attempt(records: Iterable[TrialRecord], config: Configuration) -> int:
+    """The lease attempt of the next re-measurement of ``config``, from its trials (the search raises it
+    past any lease of that configuration already stored)."""
+    done = sum(1 for r in records if (r.batch_size, r.plan) == config and r.kind is TrialKind.MEASURED)
+    return REMEASURE_ATTEMPT + max(done - 1, 0)
+
+
+def certainty(records: list[TrialRecord], config: Configuration) -> str | None:
+    """One line on how noisy the tuning was, or None for a quiet one: how far readings of one configuration
+    disagreed, how many trials a busy machine disturbed, and how often the answer was measured."""
+    spread = 1.0
+    for key in {(r.batch_size, r.plan) for r in records if r.batch_size is not None and r.plan is not None}:
+        mids = [i.mid for i in _intervals(readings(records, key))]
+        if len(mids) > 1 and min(mids) > 0:
+            spread = max(spread, max(mids) / min(mids))
+    busy = disturbed(records)
+    pressures = [p for r in records if r.number in busy and (p := pressure(r)) is not None]
+    parts = []
+    if spread > 1 + 2 * BETWEEN_FLOOR:
+        parts.append(f"readings of one configuration varied {spread:.1f}x between trials")
+    if pressures:
+        parts.append(
+            f"{len(pressures)} of {sum(1 for r in records if r.load is not None)} trials ran while the "
+            f"machine was busy (CPU pressure up to {100 * max(pressures):.0f}%)"
+        )
+    if not parts:
+        return None
+    n = len(readings(records, config))
+    return f"{'; '.join(parts)}: the answer was measured {n} time{'s' if n != 1 else ''}"

@@ -1,0 +1,258 @@
+"""A search that noise does not fool: memory readings whose noise hides a small per-sample slope, a
+verification that contradicts its search reading 48x, a throughput reading that falls at a larger batch, a
+busy machine's readings deciding the stop, and --exhaustive reaching its --trials.
+
+Real trials of the synthetic script where the behaviour is the tuner's (calibration, verification,
+--exhaustive); the proposal rules on hand-written records where the trigger is the machine's load, which no
+test can set on a real machine (a record carries the load its trial measured).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli import cli
+from autotune.core.protocol import Outcome
+from autotune.hardware.load import Load
+from autotune.search.memory_model import MemoryModel, Observation, memory_noise
+from autotune.search.noise import certainty
+from autotune.search.optuna_trials import records_of
+from autotune.search.propose import Finished, Proposal, model_of, propose, speed_of
+from autotune.search.records import TrialKind, TrialRecord
+from autotune.search.space import SearchSpace
+
+from conftest import SYNTHETIC, MiB
+
+QUIET = Load(0.01, 0.0, 0.5, 2)
+BUSY = Load(0.40, 0.0, 3.0, 2)
+
+
+def tune(cache: Path, options: str, *script: str) -> dict:
+    (cache / "state").mkdir()
+    argv = ["run", *options.split(), "--study", "s", "--json", "--cache-dir", str(cache), str(SYNTHETIC)]
+    result = CliRunner().invoke(cli, [*argv, "--", *script, "--state-dir", str(cache / "state")])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def trials(cache: Path) -> list[TrialRecord]:
+    return records_of(optuna.load_study(study_name="s", storage=f"sqlite:///{cache / 'autotune.db'}"))
+
+
+def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tmp_path) -> None:
+    """The mlp case of issue 25, scaled down: 64 KiB per sample over ~36 MiB, and the first batch-1 trial
+    holds 24 MiB more (RSS noise). Batch 1 then reads 60 MiB and batch 4 reads 36: a negative slope, which
+    the old model clamped to 1 byte per sample and followed down a ladder of over-budget trials from 65536.
+    Now the fall is the noise (±12 MiB), the calibration grows 4x a step until the peaks rise above it;
+    4096 passes the budget (the one over-budget trial); the next proposal bisects below it, and the model
+    (its slope now resolved) puts the frontier at 1536 (2048 would take ~164 MiB)."""
+    data = tune(
+        tmp_path,
+        "--budget 160MiB --trials 10 --plans none --steps 3 --warmup-steps 1 --device cpu",
+        *"--base-mib 20 --per-sample-mib 0.0625".split(),
+        *("--extra-mib", "1:none#1=24"),  # reading 0 is the probe's
+    )
+    records = trials(tmp_path)
+    measured = [(r.batch_size, str(r.outcome)) for r in records if r.kind is TrialKind.MEASURED]
+    assert measured[:8] == [
+        (1, "complete"),
+        (4, "complete"),
+        (16, "complete"),
+        (64, "complete"),
+        (256, "complete"),
+        (1024, "complete"),
+        (4096, "over-budget"),
+        (1536, "complete"),
+    ]
+    assert [r.proposed_by for r in records if r.kind is TrialKind.MEASURED][:7] == ["calibration"] * 7
+    assert sum(r.outcome is Outcome.OVER_BUDGET for r in records) == 1
+    assert data["batch_size"] == 1536
+    assert records[0].memory_method == "rss"  # one process: its own peak RSS
+    assert all(r.load is not None for r in records if r.kind is TrialKind.MEASURED)
+
+
+def obs(batch: int, mib: float, complete: bool = True, method: str | None = None) -> Observation:
+    return Observation(batch, "none", int(mib * MiB), complete, method)
+
+
+def test_the_noise_is_the_meter_s_prior_widened_by_a_fall_or_a_repeat() -> None:
+    assert memory_noise([obs(1, 500, method="rss-tree")]) == pytest.approx(10 * MiB)  # 2% of 500 MiB
+    assert memory_noise([obs(1, 500, method="nvml")]) == pytest.approx(2 * MiB)  # the least: 2 MiB
+    assert memory_noise([obs(1, 570, method="rss"), obs(4, 501, method="rss")]) == pytest.approx(34.5 * MiB)
+    assert memory_noise([obs(8, 100), obs(8, 130)]) == pytest.approx(15 * MiB)  # a repeat, no prior known
+
+
+def test_a_slope_is_resolved_only_once_the_peaks_rise_above_the_noise() -> None:
+    batches = (1, 4, 16, 64, 256, 1024, 4096)
+    noisy = MemoryModel.fit([obs(1, 570, method="rss"), obs(4, 501, method="rss")])
+    assert noisy.calibrated and not noisy.resolved
+    assert noisy.calibration_batch("none", batches, 700 * MiB) == 16  # about 4x the largest that fitted
+    # The noise is the fall from 570 to 501 MiB (±34.5 MiB): a rise of 80 MiB does not resolve the slope,
+    # 150 MiB does (4 x 34.5 = 138), and so does a censored peak as high.
+    assert not MemoryModel.fit([*noisy.observations, obs(1024, 650, method="rss")]).resolved
+    assert MemoryModel.fit([*noisy.observations, obs(1024, 720, method="rss")]).resolved
+    assert MemoryModel.fit([*noisy.observations, obs(4096, 720, complete=False, method="rss")]).resolved
+
+
+def test_a_censored_peak_moves_the_slope_and_a_failure_is_bisected_not_stepped_down() -> None:
+    """none: 100 MiB fixed, 10 MiB per sample measured at 1 and 4; batch 64 stopped over the budget at
+    900 MiB, more than the fit's 740: the slope becomes (900 - 100) / 64 = 12.5 MiB, and the next proposal
+    bisects between 4 (fitted) and 64 (failed): 16, where the old model stepped down to 48."""
+    batches = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    fit = [obs(1, 110), obs(4, 140)]
+    assert MemoryModel.fit(fit).slope("none") == pytest.approx(10 * MiB)
+    model = MemoryModel.fit([*fit, obs(64, 900, complete=False)])
+    assert model.slope("none") == pytest.approx(12.5 * MiB)
+    assert model.predict(48, "none") == pytest.approx(700 * MiB)
+    assert model.largest_fitting("none", batches, 1000 * MiB) == 16
+    assert model.reach("none", batches, 1000 * MiB) == 16  # the log midpoint of 4 and 64
+    measured = MemoryModel.fit([*model.observations, obs(16, 300)])
+    assert measured.largest_fitting("none", batches, 1000 * MiB) == 32  # between 16 and 64
+    # And never more than 8x the largest batch measured with a plan: 4 -> 32, not the fit's 90.
+    assert MemoryModel.fit(fit).largest_fitting("none", (*batches, 96), 1000 * MiB) == 32
+
+
+def test_a_verification_that_contradicts_its_search_reading_is_measured_again_not_answered(tmp_path) -> None:
+    """The demo's batch-1 run of issue 25: the leader's longer run read far slower than its search trial (the
+    machine was busy for one of them), and the answer was the mean of the two, "±" their whole range. Here
+    none@24's verification runs 2.5x slower: still faster than every other configuration, so no challenger
+    lies above it (the rule that re-measured a 48x fall), yet its own readings disagree. Nothing is answered
+    from them: it is measured again, interleaved with the next best, and the answer is the median of its
+    four readings, with a line on how noisy the tuning was."""
+    data = tune(
+        tmp_path,
+        "--budget 290MiB --trials 10 --plans none --batch-sizes 1-128 --steps 3 --warmup-steps 1 --device cpu",
+        *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.005 --per-sample-seconds 0.0002".split(),
+        *("--slow", "24:none#1=2.5"),
+    )
+    records = trials(tmp_path)
+    checks = [(r.batch_size, r.plan) for r in records if r.kind is TrialKind.VERIFICATION]
+    assert checks == [(24, "none"), (24, "none"), (4, "none"), (24, "none"), (4, "none")]
+    assert (data["batch_size"], data["plan"]) == (24, "none")
+    speeds = sorted(r.samples_per_sec or 0 for r in records if (r.batch_size, r.plan) == (24, "none"))
+    assert speeds[-1] / speeds[0] > 2 and data["readings"] == 4
+    assert data["samples_per_sec"] > 0.9 * speeds[-1]  # the median of four, not the mean of two
+    assert data["certainty"].startswith("readings of one configuration varied 2.")
+    assert data["certainty"].endswith("between trials: the answer was measured 4 times")
+
+
+MiB_ = MiB
+LIMIT = 500 * MiB
+SPACE = SearchSpace(batch_sizes=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128), plans=("none",))
+
+
+def reading(
+    number: int, batch: int, speed: float, load: Load | None = QUIET, kind: TrialKind = TrialKind.MEASURED
+) -> TrialRecord:
+    """A complete trial of plan none: 100 MiB + 10 MiB per sample (fits up to 40), read at ±1%."""
+    return TrialRecord(
+        number,
+        "COMPLETE",
+        kind,
+        batch,
+        "none",
+        Outcome.COMPLETE,
+        int((100 + 10 * batch) * MiB),
+        speed,
+        samples_per_sec_low=speed * 0.99,
+        samples_per_sec_high=speed * 1.01,
+        memory_method=None,
+        load=load,
+    )
+
+
+def next_for(records: list[TrialRecord]) -> Proposal | Finished | None:
+    return propose(records, model_of(records), speed_of(records), SPACE, LIMIT)
+
+
+def test_a_reading_lower_at_a_larger_batch_is_a_question_measured_between() -> None:
+    """Issue 25's transformer: batch 1 read 50.9, 4 76.0, 32 (the frontier) 63.1; the old rule took 63.1 for
+    the plateau and stopped at batch 4. The drop is probed between (the ladder's log midpoints: 8, then
+    16, then 24) until the true peak, 16, is measured with slower readings on both sides."""
+    truth = {1: 50.9, 2: 60.0, 4: 76.0, 8: 88.0, 16: 95.0, 24: 80.0, 32: 63.1}
+    records = [reading(0, 1, truth[1]), reading(1, 4, truth[4]), reading(2, 32, truth[32])]
+    asked = []
+    while isinstance(proposal := next_for(records), Proposal):
+        asked.append((proposal.batch_size, proposal.why))
+        records.append(reading(len(records), proposal.batch_size, truth[proposal.batch_size]))
+    assert asked == [(8, "between"), (16, "between"), (24, "between")]
+    assert proposal.reason.startswith("no remaining configuration is predicted to beat none@16 (95.0 ±1%")
+
+
+def test_a_busy_machine_s_readings_that_decide_the_stop_are_measured_again_interleaved() -> None:
+    """The demo's batch-1 run of issue 25: batch 1 read 62.5 on a quiet machine, batch 4 read 2.5 on a busy
+        one, and the old rule stopped at once ("none@32 could reach at most 2.9"). Batch 4's reading, the one
+        that rules the rest out, is measured again (twice: its two readings disagree); the median of three is the
+    quiet one, the curve rises and the search goes on."""
+    records = [reading(0, 1, 62.5), reading(1, 4, 2.5, BUSY)]
+    assert next_for(records) == Proposal(4, "none", "re-measure", attempt=2)
+    records.append(reading(2, 4, 240.0))
+    assert next_for(records) == Proposal(4, "none", "re-measure", attempt=3)  # 2.5 and 240 disagree
+    records.append(reading(3, 4, 238.0))
+    assert next_for(records) == Proposal(32, "none", "frontier", contenders=1)  # the curve rises
+    # On a quiet machine the same two readings are trusted, and the drop is probed between.
+    quiet = [reading(0, 1, 62.5), reading(1, 4, 2.5)]
+    assert next_for(quiet) == Proposal(2, "none", "between")
+    # Both read busy (or where the kernel gives no CPU pressure): both are measured again, interleaved.
+    for load in (BUSY, Load(None, None, 1.0, 2)):
+        both = [reading(0, 1, 62.5, load), reading(1, 4, 2.5, load)]
+        if load is BUSY:
+            both.append(reading(2, 2, 30.0, QUIET))  # a quiet trial to compare the pressure with
+        assert next_for(both) == Proposal(1, "none", "re-measure", attempt=2)
+        both.append(reading(9, 1, 60.0, load))
+        assert next_for(both) == Proposal(4, "none", "re-measure", attempt=2)
+
+
+def test_readings_of_one_configuration_that_disagree_are_measured_a_third_time() -> None:
+    records = [reading(0, 1, 60.0), reading(1, 4, 240.0), reading(2, 32, 1500.0), reading(3, 32, 700.0)]
+    assert next_for(records) == Proposal(32, "none", "re-measure", attempt=3)
+    records.append(reading(4, 32, 1490.0))
+    # Three readings: their median speaks, and no fourth is asked; the spread seen between trials (±27%)
+    # widens what every other configuration could reach, so 24 is worth a trial now.
+    assert next_for(records) == Proposal(24, "none", "candidate", contenders=1)
+    # A busy machine's reading is no exception: beside a quiet one that it contradicts, it asks a third.
+    busy = [*records[:3], reading(3, 32, 30.0, BUSY)]
+    assert next_for(busy) == Proposal(32, "none", "re-measure", attempt=3)
+
+
+def test_the_answer_says_how_noisy_the_tuning_was() -> None:
+    records = [reading(0, 1, 62.5), reading(1, 1, 1.3, BUSY), reading(2, 4, 240.0), reading(3, 1, 60.0)]
+    assert certainty(records, (1, "none")) == (
+        "readings of one configuration varied 48.1x between trials; 1 of 4 trials ran while the machine was "
+        "busy (CPU pressure up to 40%): the answer was measured 3 times"
+    )
+    assert certainty([reading(0, 1, 62.5), reading(1, 1, 61.0)], (1, "none")) is None
+
+
+def test_exhaustive_reaches_its_trials_when_the_sampler_repeats_itself(tmp_path) -> None:
+    """64 trials asked of a space of exactly 64 configurations (8 batch sizes x 8 plans), every one of which
+    fits: the sampler proposes measured configurations more and more often (the old search ended after 40
+    such repeats in a row, a few short); those are taken directly from the untried ones, so it measures 64."""
+    plans = ";".join(["none", *(f"P{i}" for i in range(7))])
+    data = tune(
+        tmp_path,
+        f"--budget 400MiB --trials 64 --exhaustive --plans {plans} --batch-sizes 1-16 --steps 1 "
+        "--warmup-steps 1 --device cpu",
+        *"--base-mib 4 --per-sample-mib 0.25 --step-seconds 0.005".split(),
+    )
+    assert data["stopped"] is None
+    measured = [(r.batch_size, r.plan) for r in trials(tmp_path) if r.counted]
+    assert len(measured) == 64 and len(set(measured)) == 64
+
+
+def test_exhaustive_says_truthfully_when_the_space_is_exhausted(tmp_path) -> None:
+    data = tune(
+        tmp_path,
+        "--budget 400MiB --trials 64 --exhaustive --plans none;P0 --batch-sizes 1-8 --steps 1 --warmup-steps 1 "
+        "--device cpu",
+        *"--base-mib 4 --per-sample-mib 0.25 --step-seconds 0.005".split(),
+    )
+    assert data["stopped"] == (
+        "stopped after 12 trials: every configuration that could fit was measured (or is under way)"
+    )
+    assert len({(r.batch_size, r.plan) for r in trials(tmp_path) if r.counted}) == 12  # 1, 2, 3, 4, 6, 8
