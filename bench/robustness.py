@@ -227,7 +227,7 @@ def report(workload: Workload, runs: list[Run], truth: Truth) -> list[str]:
         good = sum(s >= 0.95 for s in scores)
         lines.append(
             f"{condition:>6}: >= 0.95 of the optimum in {good} of {len(mine)} runs; scores "
-            f"{', '.join(f'{s:.2f}' for s in scores)}; trials median {statistics.median(r.trials for r in mine):g} "
+            f"{', '.join(f'{s:.3f}' for s in scores)}; trials median {statistics.median(r.trials for r in mine):g} "
             f"(max {max(r.trials for r in mine)}); over-budget trials median "
             f"{statistics.median(r.over_budget for r in mine):g} (max {max(r.over_budget for r in mine)}); "
             f"wall median {statistics.median(r.wall for r in mine):.0f} s"
