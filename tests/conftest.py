@@ -45,12 +45,13 @@ def quiet_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     run, whether a test's exact sequence of trials has a re-measurement in it. The load is an input here like
     a clock: tests that assert sequences get a quiet machine; the load's own rules are tested on records that
     carry the load (tests/search/test_robustness.py), and reading it on counters (tests/hardware/test_load.py).
-    Runs of the installed executable in a subprocess read the real machine."""
+    Tuners started as processes read the same file (AUTOTUNE_CPU_PRESSURE_PATH)."""
     path = tmp_path_factory.getbasetemp() / "cpu-pressure"
     path.write_text(
         "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
     )
     monkeypatch.setattr("autotune.hardware.load.PRESSURE_PATH", str(path))
+    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))  # the tuners the tests start as processes
 
 
 def measure_example(

@@ -15,6 +15,7 @@ def counters(tmp_path, pressure_us: int, steal: int, idle: int) -> None:
 
 
 def test_cpu_pressure_and_steal_are_shares_of_the_trial_s_wall_time(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(load.PRESSURE_ENV)
     monkeypatch.setattr(load, "PRESSURE_PATH", str(tmp_path / "pressure"))
     monkeypatch.setattr(load, "STAT_PATH", str(tmp_path / "stat"))
     counters(tmp_path, 1_000_000, 10, 840)
@@ -30,6 +31,7 @@ def test_cpu_pressure_and_steal_are_shares_of_the_trial_s_wall_time(tmp_path, mo
 
 
 def test_a_kernel_without_pressure_says_nothing_rather_than_quiet(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(load.PRESSURE_ENV)
     monkeypatch.setattr(load, "PRESSURE_PATH", str(tmp_path / "absent"))
     monkeypatch.setattr(load, "STAT_PATH", str(tmp_path / "absent"))
     seen = LoadSnapshot.now().until(LoadSnapshot.now())

@@ -69,8 +69,13 @@ def test_run_with_a_global_batch_searches_its_micro_batches_and_exports_the_accu
     env = autotune("best", "--env", "--study", study, "--cache-dir", str(tmp_path))
     assert env.returncode == 0, env.stderr
     exported = dict(line.removeprefix("export ").split("=", 1) for line in env.stdout.splitlines())
-    # The fastest configuration takes the whole global batch in one micro-batch (each costs a fixed 4 ms).
-    assert (exported["AUTOTUNE_BATCH_SIZE"], exported["AUTOTUNE_GRAD_ACCUM"]) == ("8", "1")
+    # The answer's micro-batch and accumulation, exported together, make the global batch. (Which one wins,
+    # 8x1 at about twice 4x2's speed (each micro-batch costs a fixed 4 ms), is a speed, and speeds are
+    # benchmarks' business: beside a process burning a core, 8x1 read 290, 286 and 763 samples/s here.)
+    assert (exported["AUTOTUNE_BATCH_SIZE"], exported["AUTOTUNE_GRAD_ACCUM"]) == (
+        str(answer["batch_size"]),
+        str(answer["grad_accum"]),
+    )
     by_command = ["best", "--json", "--budget", "4GiB", "--device", "cpu", "--cache-dir", str(tmp_path)]
     found = autotune(*by_command, "--global-batch", "8", *command)
     assert (found.returncode, json.loads(found.stdout or "{}").get("study")) == (0, study), found.stderr

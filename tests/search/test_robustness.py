@@ -136,7 +136,7 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     assert (data["batch_size"], data["plan"]) == (24, "none")
     speeds = sorted(r.samples_per_sec or 0 for r in records if (r.batch_size, r.plan) == (24, "none"))
     assert speeds[-1] / speeds[0] > 2 and data["readings"] == 4
-    assert data["samples_per_sec"] > 0.9 * speeds[-1]  # the median of four, not the mean of two
+    assert speeds[1] <= data["samples_per_sec"] <= speeds[2]  # the median of four, not the mean of two
     assert data["certainty"].startswith("readings of one configuration varied 2.")
     assert data["certainty"].endswith("between trials: the answer was measured 4 times")
 
