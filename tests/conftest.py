@@ -50,8 +50,9 @@ def quiet_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     path.write_text(
         "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
     )
-    monkeypatch.setattr("autotune.hardware.load.PRESSURE_PATH", str(path))
-    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))  # the tuners the tests start as processes
+    monkeypatch.setenv(
+        "AUTOTUNE_CPU_PRESSURE_PATH", str(path)
+    )  # read by this process and every tuner it starts
 
 
 def measure_example(

@@ -23,13 +23,13 @@ from collections.abc import Iterable, Sequence
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search.records import TrialKind, TrialRecord
+from autotune.search.throughput_model import Configuration
 
 LOADED = 0.05  # CPU pressure (a share of the trial's time) above the quietest trial's: a disturbed reading
 BETWEEN_FLOOR = 0.05  # two quiet trials of one configuration differ by up to about this much
 MAX_READINGS = 3  # a configuration is measured at most this often before the search stops questioning it
 REMEASURE_ATTEMPT = 2  # leases of re-measurements start here (0: the first trial, 1: its one retry)
 
-Configuration = tuple[int, str]
 READING_KINDS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
 
 
@@ -87,7 +87,7 @@ def contradicted(records: list[TrialRecord]) -> Configuration | None:
     found = []
     for config in configs:
         rs = readings(records, config)
-        if 2 <= len(rs) < MAX_READINGS and disagreeing(records, config) and not in_flight(records, config):
+        if 2 <= len(rs) < MAX_READINGS and disagree(_intervals(rs)) and not in_flight(records, config):
             found.append((len(rs), config))
     return min(found)[1] if found else None
 
@@ -103,7 +103,7 @@ def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> 
         if not rs or in_flight(records, config):
             continue
         unsure = any(r.number in busy or (r.load is not None and r.load.cpu_pressure is None) for r in rs)
-        if (len(rs) < 2 and unsure) or (len(rs) < MAX_READINGS and disagreeing(records, config)):
+        if (len(rs) < 2 and unsure) or (len(rs) < MAX_READINGS and disagree(_intervals(rs))):
             needing.append((len(rs), order, config))
     return min(needing)[2] if needing else None
 
