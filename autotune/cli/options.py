@@ -131,7 +131,8 @@ def search_options(command: F) -> F:
                 type=click.IntRange(min=1),
                 default=DEFAULT_TRIALS,
                 show_default=True,
-                help="The most trials the study may hold (counted over resumed runs and all workers); "
+                help="The most trials the study may hold (counted over resumed runs and all workers; "
+                "a re-measurement of a configuration a busy machine disturbed is not counted); "
                 "the search stops sooner once nothing left can beat its best.",
             ),
             click.option(

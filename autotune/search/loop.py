@@ -13,7 +13,9 @@ Each round does one thing, in this order:
    ``--exhaustive`` reaches ``--trials`` or says truthfully that nothing is left.
 
 Re-measurements (autotune.search.noise: readings that disagree, or a busy machine's readings that decide
-the stop) are trials like any other, leased with attempts from REMEASURE_ATTEMPT up.
+the stop) are trials like any other, leased with attempts from REMEASURE_ATTEMPT up, but second opinions
+on a trial counted already: they take no slot of ``--trials`` (at most MAX_READINGS readings of one
+configuration bound them).
 
 Any number of searches, in processes on any hosts, can work on one study. A configuration is *leased* in
 the database (``Store.claim``: a unique key) before its trial is asked for, so exactly one worker measures
@@ -59,7 +61,7 @@ from autotune.search.propose import (
     speed_of,
     untried,
 )
-from autotune.search.records import TrialKind, TrialRecord, best_record, constraint_mib
+from autotune.search.records import REMEASURE, TrialKind, TrialRecord, best_record, constraint_mib
 from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
 from autotune.search.runner import TrialRunner
@@ -182,6 +184,9 @@ class Search:
             return Step.FINISHED
         if proposal is None and not (model.calibrated and model.resolved) and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
+        if proposal is not None and proposal.why == REMEASURE:  # a second opinion takes no slot of --trials
+            self.reporter.searching(counted, self.target, proposal.contenders)
+            return self._proposed(proposal)
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
             return Step.BUSY

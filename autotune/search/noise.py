@@ -22,15 +22,13 @@ from collections.abc import Iterable, Sequence
 
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
-from autotune.search.records import TrialKind, TrialRecord
+from autotune.search.records import READINGS, TrialKind, TrialRecord
 from autotune.search.throughput_model import Configuration
 
 LOADED = 0.05  # CPU pressure (a share of the trial's time) above the quietest trial's: a disturbed reading
 BETWEEN_FLOOR = 0.05  # two quiet trials of one configuration differ by up to about this much
 MAX_READINGS = 3  # a configuration is measured at most this often before the search stops questioning it
 REMEASURE_ATTEMPT = 2  # leases of re-measurements start here (0: the first trial, 1: its one retry)
-
-READING_KINDS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
 
 
 def pressure(record: TrialRecord) -> float | None:
@@ -52,7 +50,7 @@ def readings(records: Iterable[TrialRecord], config: Configuration) -> list[Tria
         r
         for r in records
         if (r.batch_size, r.plan) == config
-        and r.kind in READING_KINDS
+        and r.kind in READINGS
         and r.outcome is Outcome.COMPLETE
         and r.throughput is not None
     ]

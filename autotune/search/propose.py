@@ -38,7 +38,7 @@ from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import contradicted, next_attempt, unsettled
-from autotune.search.records import TrialKind, TrialRecord, best_record
+from autotune.search.records import REMEASURE, TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
 from autotune.search.throughput_model import Configuration, Reading, ThroughputModel
 
@@ -118,7 +118,7 @@ def propose(
         if not model.calibrated:
             return None
     if (again := contradicted(records)) is not None:
-        return Proposal(*again, "re-measure", attempt=next_attempt(records, again))
+        return Proposal(*again, REMEASURE, attempt=next_attempt(records, again))
     frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.uniform_plans}
     untried = [(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
@@ -178,7 +178,7 @@ def propose(
     if speed.reference is not None and (speed.largest, speed.reference) in speed.pooled:
         deciders.append((speed.largest, speed.reference))
     if (again := unsettled(records, deciders)) is not None:
-        return Proposal(*again, "re-measure", attempt=next_attempt(records, again))
+        return Proposal(*again, REMEASURE, attempt=next_attempt(records, again))
     if (question := _between(speed, model, space, limit, tried, bar)) is not None:
         return question
     name = f"{incumbent.plan}@{incumbent.batch_size}"

@@ -1,6 +1,12 @@
 """One stored trial as autotune reads it: a view over an Optuna FrozenTrial's params and user attributes.
 
-Every trial carries a :class:`TrialKind`; only ``measured`` trials count against ``--trials``.
+Every trial carries a :class:`TrialKind`; only ``measured`` trials count against ``--trials``, and of those
+not a re-measurement (a configuration read again because a busy machine made its readings disagree: a
+second opinion on a trial counted already, like a verification).
+
+A configuration *fits* by the majority of its memory readings (:func:`peak_verdict`): RSS on a shared CPU
+machine reads one configuration tens of MiB apart from trial to trial, so one reading under the limit among
+three over it is not an answer, and one over among three under is not a failure.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 MiB = 2**20
+REMEASURE = "re-measure"  # a re-measurement's ``proposed_by``
 
 
 class TrialKind(TextEnum):
@@ -30,6 +37,9 @@ class TrialKind(TextEnum):
     WARM_START = "warm-start"  # measured for another budget of the same workload
     SKIPPED = "skipped"  # the memory model predicted it cannot fit: not run
     COPY = "copy"  # the sampler proposed a configuration measured already: not run
+
+
+READINGS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)  # what reads a configuration
 
 
 @dataclass(frozen=True)
@@ -78,8 +88,14 @@ class TrialRecord:
 
     @property
     def counted(self) -> bool:
-        """Ran to an end in this study (not skipped, copied, warm-started or interrupted)."""
-        return self.kind is TrialKind.MEASURED and self.outcome is not None
+        """Ran to an end in this study (not skipped, copied, warm-started or interrupted), and not as a
+        re-measurement."""
+        return self.kind is TrialKind.MEASURED and self.outcome is not None and not self.remeasured
+
+    @property
+    def remeasured(self) -> bool:
+        """A second (or third) reading of a configuration measured already (autotune.search.noise)."""
+        return self.proposed_by == REMEASURE
 
     @property
     def finished(self) -> bool:
@@ -148,9 +164,33 @@ _ATTRS = (
 
 
 def best_record(records: Iterable[TrialRecord], limit: int) -> TrialRecord | None:
-    """The fastest trial measured (here or for another budget) whose peak fits ``limit``."""
-    fitting = [r for r in records if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START) and r.fits(limit)]
+    """The fastest trial measured (here or for another budget) whose peak fits ``limit``, of a configuration
+    that fits by its readings (:func:`peak_verdict`)."""
+    records = list(records)
+    fitting = [
+        r
+        for r in records
+        if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START)
+        and r.fits(limit)
+        and peak_verdict(records, (r.batch_size, r.plan), limit) is True
+    ]
     return max(fitting, key=lambda r: r.samples_per_sec or 0.0, default=None)
+
+
+def peak_verdict(
+    records: Iterable[TrialRecord], config: tuple[int | None, str | None], limit: int
+) -> bool | None:
+    """Whether ``config`` fits ``limit`` by the majority of its memory readings (search trials, warm
+    starts, verifications; an out-of-memory or over-budget one reads over): None with no reading, or as many
+    over the limit as under it (measure it again)."""
+    verdicts = [
+        r.fits(limit)
+        for r in records
+        if (r.batch_size, r.plan) == config and r.kind in READINGS and r.measured
+    ]
+    under = sum(verdicts)
+    over = len(verdicts) - under
+    return None if under == over else under > over
 
 
 def constraint_mib(peak_bytes: int, limit: int, complete: bool) -> float:

@@ -15,7 +15,8 @@ never negative against ``none``), and a plan that recomputes everything another 
 The search asks for an *optimistic* prediction, the most a configuration could reach given what was read
 and how noisy the readings were: the fit plus the readings' noise; beyond the largest batch measured, the
 flattest step-time line the noisy readings allow (with one batch size measured: throughput proportional to
-the batch, which no real step beats); for a plan, the smallest overhead its readings allow, or, unmeasured,
+the batch, which no real step beats); below a larger batch the plan was read at, no less than that reading
+allows (throughput does not fall with the batch: the reading bounds every smaller one); for a plan, the smallest overhead its readings allow, or, unmeasured,
 its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes. A
 configuration whose optimistic prediction cannot beat the incumbent by more than the noise is not worth a
 trial (autotune.search.propose).
@@ -126,9 +127,20 @@ class ThroughputModel:
         # a larger batch, so what it allows there bounds every smaller one.
         flat = self.flat.speed(max(batch, self.largest), overhead)
         if self.line is None:
-            return flat
-        fitted = self.line.speed(batch, overhead) * (1 + max(self.noise, self.between))
-        return max(fitted, flat) if batch > self.largest else fitted
+            value = flat
+        else:
+            fitted = self.line.speed(batch, overhead) * (1 + max(self.noise, self.between))
+            value = max(fitted, flat) if batch > self.largest else fitted
+        # Throughput never falls with a larger batch: a reading of the plan at this or a larger one (over the
+        # budget too) bounds it from above, and the bound is what it could reach. A line pulled down by one
+        # slow reading at a small batch once valued a batch between two readings below both.
+        above = [r.high for (b, p), r in self.pooled.items() if p == plan and b >= batch]
+        if not above:
+            return value
+        value = max(value, min(above))
+        if self.reference == "none" and plan != "none":  # and never above none's at its batch size
+            value = min(value, self.optimistic(batch, "none") or value)
+        return value
 
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
@@ -143,7 +155,7 @@ class ThroughputModel:
         if own is None and "|" in plan:
             least = min(self.least_overhead(entry) for entry in dict.fromkeys(plan.split("|")))
         for other, measured in self.overhead.items():
-            if other != plan and _recomputes_at_least(plan, other):
+            if other != plan and plan_recomputes_at_least(plan, other):
                 least = max(least, measured.low)
         return max(least, 0.0) if self.reference == "none" else least
 
@@ -225,7 +237,7 @@ def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:
     return Line(float(t0), float(t1)), flat
 
 
-def _recomputes_at_least(plan: str, other: str) -> bool:
+def plan_recomputes_at_least(plan: str, other: str) -> bool:
     """recomputes_at_least on plan strings; False for a plan it cannot read (an ORT plan)."""
     try:
         return recomputes_at_least(parse_plan(plan), parse_plan(other))

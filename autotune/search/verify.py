@@ -9,8 +9,11 @@ ROUNDS times; so is the leader whose longer run disagrees with its own search re
 (autotune.search.noise.disagree), beside the next best: a 48x disagreement is measured, never answered.
 Each contender's throughput is then the median of all its readings, the search's included
 (autotune.core.stats.pooled); the fastest wins, and among those within its noise the one with the smaller
-peak, so the same job on the same machine gives the same answer run after run. A contender whose longer
-run does not fit is out; if the leader is, the next configuration is verified, up to MAX_VERIFICATIONS.
+peak where the peaks differ by more than the memory noise, so the same job on the same machine gives the
+same answer run after run (at equal batch size, ``none`` over a plan that recomputes). A contender fits by
+the majority of its peaks, the verifications' included (autotune.search.records.peak_verdict), measured
+once more while they split evenly; one over the limit is out; if the leader is, the next configuration is
+verified, up to MAX_VERIFICATIONS.
 
 Verifications are leased like trials (kind ``verify``, on the leader): one worker runs the comparison, a
 dead verifier's is run once more by another (the readings already stored count), and the others wait
@@ -19,6 +22,7 @@ dead verifier's is run once more by another (the readings already stored count),
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from autotune.core.budget import format_bytes
@@ -27,14 +31,16 @@ from autotune.core.stats import Interval
 from autotune.search import noise
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
-from autotune.search.propose import Configuration, speed_of
-from autotune.search.records import TrialKind, TrialRecord, best_record
+from autotune.search.propose import Configuration, model_of, speed_of
+from autotune.search.records import READINGS, TrialKind, TrialRecord, best_record, peak_verdict
+from autotune.search.throughput_model import plan_recomputes_at_least
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
 
 MAX_VERIFICATIONS = 3  # leaders verified before the search gives up
+MAX_SETTLING = 2  # longer runs of a contender whose peaks split evenly over the limit (one decides)
 MAX_CONTENDERS = 3  # the leader and at most two rivals are measured again
 ROUNDS = 2  # interleaved longer runs of each contender
 POLL_SECONDS = 0.5
@@ -92,8 +98,8 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     contenders = [leader, *_rivals(search, leader, records_of(search.study))]
     if len(contenders) == 1:
         result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
-        if not result.fits(search.limit):
-            _failed(search, lease, leader, result)
+        if not _fits(search, lease, leader, settings):
+            _failed(search, lease, leader)
             return None
         records = records_of(search.study)  # with the verification
         challenger = _challenger(search, leader, result, records)
@@ -119,14 +125,29 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
         for config in contenders:
             if config in fitting:
                 note = f"re-measures trial {{trial}} (round {round_} of {ROUNDS})"
-                result = _run_verification(search, lease, config, settings, note)
-                if not result.fits(search.limit):
+                _run_verification(search, lease, config, settings, note)
+                if peak_verdict(records_of(search.study), config, search.limit) is False:
                     fitting.discard(config)
+    fitting = {c for c in contenders if c in fitting and _fits(search, lease, c, settings)}
     if not fitting:
-        _failed(search, lease, leader, result)
+        _failed(search, lease, leader)
         return None
     records = records_of(search.study)
-    return _store(search, lease, _choose(records, [c for c in contenders if c in fitting]), records)
+    chosen = choose(records, [c for c in contenders if c in fitting], model_of(records, search.savings).noise)
+    return _store(search, lease, chosen, records)
+
+
+def _fits(search: Search, lease: Lease, config: Configuration, settings: TrialSettings) -> bool:
+    """Whether ``config`` fits by the majority of its peaks (autotune.search.records.peak_verdict), measured
+    once more, longer, while they are split evenly over the limit: one reading over it among readings under
+    it is the meter's noise as often as the configuration's (RSS on a shared machine), and it decides."""
+    for _ in range(MAX_SETTLING):
+        verdict = peak_verdict(records_of(search.study), config, search.limit)
+        if verdict is not None:
+            return verdict
+        note = "re-measures trial {trial}: as many of its peaks were over the limit as under it"
+        _run_verification(search, lease, config, settings, note)
+    return peak_verdict(records_of(search.study), config, search.limit) is True
 
 
 def _fitting(search: Search, config: Configuration) -> TrialRecord | None:
@@ -142,21 +163,23 @@ def _readings(records: list[TrialRecord]) -> dict[Configuration, Interval]:
 
 
 def _fitting_configs(search: Search, records: list[TrialRecord]) -> list[tuple[Configuration, Interval]]:
-    """Configurations with a fitting trial that no verification found over the limit, fastest first by all
-    their readings (then the smaller batch: a stable order)."""
+    """Configurations with a fitting trial, not over the limit by the majority of their readings (a
+    verification's included) nor failed in a verification, fastest first by all their readings (then the
+    smaller batch: a stable order)."""
     failed = {
         (x.batch_size, x.plan)
         for x in search.store.leases(search.name, kinds=(LeaseKind.VERIFY,))
         if x.state is LeaseState.FAILED
     }
-    configs: set[Configuration] = set()
-    for r in records:
-        if r.batch_size is None or r.plan is None:
-            continue
-        if r.kind is TrialKind.VERIFICATION and r.outcome is not None and not r.fits(search.limit):
-            failed.add((r.batch_size, r.plan))
-        elif r.kind in (TrialKind.MEASURED, TrialKind.WARM_START) and r.fits(search.limit):
-            configs.add((r.batch_size, r.plan))
+    configs = {
+        (r.batch_size, r.plan)
+        for r in records
+        if r.batch_size is not None
+        and r.plan is not None
+        and r.kind in (TrialKind.MEASURED, TrialKind.WARM_START)
+        and r.fits(search.limit)
+    }
+    failed |= {c for c in configs if peak_verdict(records, c, search.limit) is False}
     readings = _readings(records)
     ranked = [(c, readings[c]) for c in configs - failed if c in readings]
     return sorted(ranked, key=lambda pair: (-pair[1].mid, pair[0]))
@@ -193,18 +216,30 @@ def _challenger(
     return None
 
 
-def _choose(records: list[TrialRecord], contenders: list[Configuration]) -> Configuration:
-    """The fastest contender by all its readings; among those within its noise, the smaller peak (the
-    largest any of its readings measured)."""
+def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
+    """The fastest contender by all its readings; among those within its noise, the ones whose peak (the
+    median of its readings) is within the memory noise of the smallest, and of those the fastest, a plan
+    that recomputes at least what another at its batch size does left out (at equal batch size it is no
+    faster: a reading that says otherwise is the machine's noise). A peak a few MiB smaller by RSS is noise
+    too: once chose a recompute plan 5% slower than ``none`` at the same batch size."""
     readings = _readings(records)
     peaks = {
-        c: max((r.peak_bytes or 0 for r in records if (r.batch_size, r.plan) == c and r.measured), default=0)
+        c: statistics.median(
+            [r.peak_bytes or 0 for r in records if (r.batch_size, r.plan) == c and r.measured]
+        )
         for c in contenders
     }
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - readings[fastest].noise)
     close = [c for c in contenders if readings[c].mid >= bar]
-    return min(close, key=lambda c: (peaks[c], -readings[c].mid))
+    smallest = min(peaks[c] for c in close)
+    lean = [c for c in close if peaks[c] <= smallest + memory_noise]
+    undominated = [
+        c
+        for c in lean
+        if not any(o[0] == c[0] and o[1] != c[1] and plan_recomputes_at_least(c[1], o[1]) for o in lean)
+    ]
+    return max(undominated or lean, key=lambda c: (readings[c].mid, -peaks[c]))
 
 
 def _store(search: Search, lease: Lease, config: Configuration, records: list[TrialRecord]) -> BestRow:
@@ -235,12 +270,18 @@ def _store(search: Search, lease: Lease, config: Configuration, records: list[Tr
     return best
 
 
-def _failed(search: Search, lease: Lease, config: Configuration, result: TrialResult) -> None:
-    search.store.end_lease(lease.id, LeaseState.FAILED, f"verification {result.outcome.value}")
-    search.reporter.note(
-        f"{_name(config)} failed verification ({result.outcome.value}, peak "
-        f"{format_bytes(result.peak_bytes)}); trying the next configuration"
-    )
+def _failed(search: Search, lease: Lease, config: Configuration) -> None:
+    """End ``lease``: its configuration (``config``, or every contender) is over the limit by its readings."""
+    peaks = [
+        r
+        for r in records_of(search.study)
+        if (r.batch_size, r.plan) == config and r.kind in READINGS and r.measured
+    ]
+    over = [r for r in peaks if not r.fits(search.limit)]
+    largest = max((r.peak_bytes or 0 for r in over), default=0)
+    why = f"{len(over)} of its {len(peaks)} peaks over the limit, up to {format_bytes(largest)}"
+    search.store.end_lease(lease.id, LeaseState.FAILED, f"verification: {why}")
+    search.reporter.note(f"{_name(config)} failed verification ({why}); trying the next configuration")
 
 
 def _name(config: Configuration) -> str:
