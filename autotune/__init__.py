@@ -7,6 +7,7 @@ Inside a training script (harmless no-ops outside a trial)::
     accumulate = autotune.grad_accum()   # micro-batches per optimizer step (--global-batch), else 1
     model = autotune.prepare(model)      # applies the trial's recompute plan
     autotune.step(samples=batch)         # only for loops without torch.optim
+    pad_to_max = autotune.worst_case()   # AUTOTUNE_WORST_CASE=1: feed the longest inputs
 
 From Python, what the CLI does (autotune.api)::
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.budget import Budget, format_bytes, parse_budget
 from autotune.core.errors import AutotuneError
 from autotune.core.plans import Backend, Plan, parse_plan
-from autotune.runtime.trial import batch_size, grad_accum, prepare, step
+from autotune.runtime.trial import batch_size, grad_accum, prepare, step, worst_case
 
 if TYPE_CHECKING:
     from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work
@@ -72,6 +73,7 @@ __all__ = [
     "tune",
     "tune_spec",
     "work",
+    "worst_case",
 ]
 
 

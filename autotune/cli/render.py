@@ -19,7 +19,8 @@ from autotune.cli.tables import checks_table, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
 from autotune.core.stats import Interval
 from autotune.results.listing import not_run_line
-from autotune.search.records import TrialKind, TrialRecord
+from autotune.runtime.inputs import varied_lengths
+from autotune.search.records import TrialKind, TrialRecord, lengths_of
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
     from autotune.results.best import BestAnswer
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # `autotune best` must not import the search to print an answ
 def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str, as_json_flag: bool) -> None:
     """The end of ``autotune run``: all trials, the prediction quality, the chosen configuration, its use."""
     best = result.best
+    lengths = lengths_of(result.records, (best.batch_size, best.plan))
     if as_json_flag:
         out.print(as_json_text(result), markup=False)
         return
@@ -56,6 +58,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),
                 *([("certainty", best.certainty)] if best.certainty else []),
+                *([("inputs", varied_lengths(lengths))] if lengths and lengths[0] != lengths[1] else []),
             ]
         ),
         markup=False,
@@ -146,6 +149,7 @@ def as_json_text(result: TuneResult) -> str:
             "samples_per_sec_high": result.best.throughput.high,
             "readings": result.best.readings,
             "certainty": result.best.certainty,
+            "lengths": lengths_of(result.records, (result.best.batch_size, result.best.plan)),
             "trials": [r.__dict__ for r in result.records],
         }
     )

@@ -12,6 +12,7 @@ from autotune.cli.console import as_json, key_values
 from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.protocol import Outcome
 from autotune.hardware.doctor import Check
+from autotune.runtime.inputs import varied_lengths
 from autotune.trials.result import TrialResult
 
 
@@ -55,7 +56,8 @@ def measured(result: TrialResult) -> str:
     if result.samples_per_sec is not None:
         times = sorted(result.step_seconds)
         every = f" (every rank's samples, {result.world_size} ranks)" if (result.world_size or 1) > 1 else ""
-        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s{every}"))
+        tokens = f", {result.tokens_per_sec:,.0f} tokens/s" if result.tokens_per_sec is not None else ""
+        rows.append(("throughput", f"{result.samples_per_sec:,.1f} samples/s{tokens}{every}"))
         rows.append(
             (
                 "step time",
@@ -63,6 +65,8 @@ def measured(result: TrialResult) -> str:
                 f"over {len(times)} steps",
             )
         )
+    if result.lengths is not None and result.lengths[0] != result.lengths[1]:
+        rows.append(("inputs", varied_lengths(result.lengths)))
     if result.torch_peak_reserved is not None:
         rows.append(
             (

@@ -19,6 +19,7 @@ from autotune.cli.options import (
     settings_of,
     trial_options,
 )
+from autotune.core.errors import InputError
 from autotune.core.protocol import Outcome
 from autotune.trials.settings import TrialSettings
 
@@ -56,6 +57,7 @@ def measure(
     """
     from autotune.cli.render_trial import measured
     from autotune.trials.measurement import measure_spec
+    from autotune.trials.result import batch_ignored
 
     spec = measure_spec(
         command,
@@ -71,6 +73,8 @@ def measure(
     )
     result = api.measure(spec, environ=os.environ)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else measured(result))
+    if result.batch_ignored:
+        raise InputError(batch_ignored(result))
     exit_with(result.outcome is Outcome.COMPLETE and result.fits_budget is not False)
 
 

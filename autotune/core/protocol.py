@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
 BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
 PLAN_ENV = "AUTOTUNE_PLAN"
 GRAD_ACCUM_ENV = "AUTOTUNE_GRAD_ACCUM"  # micro-batches per optimizer step (autotune.grad_accum())
+WORST_CASE_ENV = (
+    "AUTOTUNE_WORST_CASE"  # "1": the script pads its inputs to their longest (autotune.worst_case())
+)
 BACKEND_ENV = "AUTOTUNE_BACKEND"  # outside a trial: the backend prepare() applies AUTOTUNE_PLAN with
 
 # What torchrun (and torch.distributed.launch, Lightning, Accelerate) tell each rank of a multi-process job.
@@ -111,6 +115,9 @@ class TrialReport:
     warmup_steps: int | None = None  # the steps it counted as warm-up (more than asked: it did not settle)
     # seconds from the runtime's start (the script's first import of autotune) to the end of warm-up
     warmup_seconds: float | None = None
+    step_tokens: tuple[int, ...] = ()  # per measured step, where the model's inputs were (B, T) token ids
+    lengths: tuple[int, int] | None = None  # the shortest and longest step's longest T, for token inputs
+    batch_seen: int | None = None  # the largest batch dimension the model's inputs showed
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)
@@ -123,6 +130,9 @@ class TrialReport:
         data["outcome"] = Outcome(data["outcome"])
         data["step_seconds"] = tuple(data["step_seconds"])
         data["step_samples"] = tuple(data["step_samples"])
+        data["step_tokens"] = tuple(data.get("step_tokens") or ())
+        if data.get("lengths") is not None:
+            data["lengths"] = tuple(data["lengths"])
         return cls(**data)
 
 
@@ -174,6 +184,11 @@ class RankResult:
             int(data["peak_bytes"]),
             Outcome(outcome) if outcome else None,
         )
+
+
+def worst_case_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether ``$AUTOTUNE_WORST_CASE`` asks for the longest inputs (1, true, yes, on)."""
+    return environ.get(WORST_CASE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def rank_path(path: str | Path, rank: int | None) -> Path:

@@ -1,7 +1,7 @@
 """The trial's hooks into torch, installed before the user's script runs (by the harness, or by the
 injected sitecustomize for commands that are not ``python ...``): count optimizer steps, apply the plan at
 the first forward, and count that module's forwards between optimizer steps (its micro-batches: see
-autotune.runtime.trial). torch itself is not imported here: the hooks go in when the script imports it.
+autotune.runtime.trial), with what their inputs show (autotune.runtime.inputs). torch itself is not imported here: the hooks go in when the script imports it.
 
 torch.compile: a compile plan's activation memory budget is set as torch is imported, before the script
 can compile anything, so a script that calls ``torch.compile`` itself is covered without a change (and
@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from autotune.core.plans import Backend, Plan, parse_plan
+from autotune.runtime.inputs import read_inputs
 from autotune.runtime.trial import _Trial, current, prepare
 
 
@@ -55,14 +56,15 @@ def _install_torch_hooks(torch: Any) -> None:
         if id(optimizer) == trial.counted_optimizer:
             trial.step(None)
 
-    def on_forward(module: Any, args: object) -> None:
+    def on_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():
-            trial.forward()
+            trial.forward(read_inputs(torch, args, kwargs, trial.request.batch_size))
 
-    def on_first_forward(module: Any, args: object) -> None:
+    def on_first_forward(module: Any, args: tuple[Any, ...]) -> None:
         handle.remove()
-        module.register_forward_pre_hook(on_forward)
-        on_forward(module, args)
+        # with its keyword arguments from now on: Hugging Face models take theirs as input_ids=...
+        module.register_forward_pre_hook(on_forward, with_kwargs=True)
+        on_forward(module, args, {})
         if trial.plan_applied is not None:
             return
         if trial.request.backend is not Backend.ORT:

@@ -18,10 +18,14 @@ reach the request's ``warmup_max``: a recompilation, cuDNN's autotuning or a gro
 of the measured window does not pull samples/s down. (Not in a multi-process job, whose ranks must stop at
 the same step.)
 
-A step's samples are the batch size times its micro-batches: the accumulation the trial asked for, else the
-forwards of the model (with gradients on) counted since the previous optimizer step, so a script that
-accumulates on its own is measured right too. A trial that asked for accumulation while the script steps
-its optimizer after every forward fails with a message that says so.
+A step's samples are what the model saw: the batch dimension of the inputs of each of its forwards (with
+gradients on) since the previous optimizer step (autotune.runtime.inputs), so a script that accumulates
+on its own is measured right too; where no forward showed a tensor, the batch size times the accumulation
+asked (else the forwards counted). For (B, T) token inputs the tokens are counted too (tokens/s) and the
+longest T of each step is kept: a trial whose lengths varied says so. A trial whose model saw batches of
+another size than it asked for fails with a message that names both and the fix (BatchIgnored: a script
+that ignores the batch size would otherwise be measured at a size it never trained at); a trial that asked
+for accumulation while the script steps its optimizer after every forward fails with a message too.
 
 The hooks that count steps and apply the plan without a change to the script are in
 ``autotune.runtime.hooks``.
@@ -61,8 +65,10 @@ from autotune.core.protocol import (
     TrialReport,
     TrialRequest,
     rank_path,
+    worst_case_enabled,
     write_progress,
 )
+from autotune.runtime.inputs import Inputs, Seen, batch_ignored_message
 
 M = TypeVar("M")
 
@@ -78,6 +84,10 @@ class TrialComplete(SystemExit):
 
 class AccumulationIgnored(RuntimeError):
     """The trial asked for gradient accumulation and the script stepped its optimizer after every forward."""
+
+
+class BatchIgnored(RuntimeError):
+    """The model saw batches of another size than the trial asked for: the script ignores the batch size."""
 
 
 class _Trial:
@@ -106,14 +116,20 @@ class _Trial:
         self.counted_optimizer: int | None = None
         self.finished = False
         self.forwards = 0  # forwards of the model with gradients on, since the last optimizer step
+        self.seen = Seen()  # what those forwards' inputs showed (batch dimensions, tokens, lengths)
+        self.step_tokens: list[int] = []  # per measured step, where its inputs were (B, T) tokens
+        self.step_lengths: list[int] = []  # the longest T of each step (warm-up included), where known
+        self.batch_seen: int | None = None  # the largest batch dimension a forward of the model showed
         self.counting = True  # off while the probe checks plans on the model
         self.micro_batches: int | None = None  # forwards in the last step that counted any
         self.compiled = False  # the script called torch.compile (autotune.runtime.hooks)
 
-    def forward(self) -> None:
-        """One forward of the model being trained (the hooks call it)."""
+    def forward(self, inputs: Inputs | None = None) -> None:
+        """One forward of the model being trained (the hooks call it), with what its inputs showed."""
         if self.counting:
             self.forwards += 1
+            if inputs is not None:
+                self.seen.add(inputs)
 
     def step(self, samples: int | None) -> None:
         if self.finished:  # the script swallowed TrialComplete and kept going: stop it for good
@@ -124,8 +140,10 @@ class _Trial:
         self.steps += 1
         self.step_ends.append(now - self.started)
         micro, self.forwards = self.forwards or None, 0
+        seen, self.seen = self.seen, Seen()
         self.micro_batches = micro or self.micro_batches
         asked = self.request.grad_accum
+        self._check_batch(seen)
         if samples is None and asked is not None and asked > 1 and micro == 1:
             raise AccumulationIgnored(
                 f"the trial asked for gradient accumulation over {asked} micro-batches of "
@@ -133,11 +151,19 @@ class _Trial:
                 "{grad_accum} to its accumulation option (--gradient_accumulation_steps {grad_accum} for a "
                 "Trainer) or accumulate autotune.grad_accum() micro-batches"
             )
+        if seen.longest is not None:
+            self.step_lengths.append(seen.longest)
         if self.steps > self.warmup_steps:
             self.step_seconds.append(now - self.last_step_end)
-            self.step_samples.append(
-                self.request.batch_size * (asked or micro or 1) if samples is None else int(samples)
-            )
+            if samples is not None:
+                counted = int(samples)
+            elif seen.samples and seen.forwards == micro:
+                counted = seen.samples  # what the model saw, every forward of the step
+            else:
+                counted = self.request.batch_size * (asked or micro or 1)
+            self.step_samples.append(counted)
+            if seen.tokens:
+                self.step_tokens.append(seen.tokens)
         self.last_step_end = now
         if self.probe is not None and hasattr(self.probe, "after_step"):
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
@@ -147,6 +173,20 @@ class _Trial:
             self.finished = True
             self.report(Outcome.COMPLETE)
             raise TrialComplete()
+
+    def _check_batch(self, seen: Seen) -> None:
+        """Fail the trial once its model saw a batch other than the one asked (per forward: a micro-batch).
+
+        The largest batch dimension seen so far decides, so an epoch's last, shorter batch passes; a
+        layout that puts the batch second (sequence-first RNNs, nn.Transformer) passes where one of its
+        dimensions is the batch asked (autotune.runtime.inputs). A script that counts its steps with
+        ``autotune.step(samples)`` is not checked: a sample need not be a row of its model's first input
+        (a graph network's nodes)."""
+        if seen.batch is None or self.explicit_steps:  # a script that counts its samples itself says them
+            return
+        self.batch_seen = max(self.batch_seen or 0, seen.batch)
+        if self.batch_seen != self.request.batch_size:
+            raise BatchIgnored(batch_ignored_message(self.batch_seen, self.request.batch_size))
 
     def _unsettled(self) -> bool:
         """Whether the first measured step is still warming up: then it becomes warm-up (up to the cap)."""
@@ -160,6 +200,8 @@ class _Trial:
             return False
         self.warmup_steps += 1
         del self.step_seconds[0], self.step_samples[0]
+        if len(self.step_tokens) > len(self.step_seconds):
+            del self.step_tokens[0]
         return True
 
     def report(self, outcome: Outcome, error: str | None = None) -> None:
@@ -183,6 +225,9 @@ class _Trial:
             ),
             rank=self.rank.rank if self.rank else None,
             world_size=self.rank.world_size if self.rank else None,
+            step_tokens=tuple(self.step_tokens) if len(self.step_tokens) == len(self.step_seconds) else (),
+            lengths=(min(self.step_lengths), max(self.step_lengths)) if self.step_lengths else None,
+            batch_seen=self.batch_seen,
         ).write(self.report_path)
 
     def _probe_result(self) -> dict[str, Any] | None:
@@ -273,6 +318,15 @@ def grad_accum(default: int = 1) -> int:
             raise InputError(f"{GRAD_ACCUM_ENV} must be a positive integer, got {text!r}")
         return int(text)
     return default
+
+
+def worst_case() -> bool:
+    """Whether the script should feed its longest inputs: pad every batch to the maximum sequence length (or
+    draw the largest images) so that a trial's few steps see the shapes the whole job's worst step will
+    (OpenNMT-tf's batch autotune mode does the same). On while ``$AUTOTUNE_WORST_CASE`` is 1, in a trial and
+    outside it: ``AUTOTUNE_WORST_CASE=1 autotune run ...`` tunes every trial so, and the study is a workload
+    of its own."""
+    return worst_case_enabled(os.environ)
 
 
 def prepare(model: M) -> M:

@@ -38,7 +38,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import NoFitError, ScriptError
+from autotune.core.errors import InputError, NoFitError, ScriptError
 from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
@@ -68,7 +68,7 @@ from autotune.search.runner import TrialRunner
 from autotune.search.space import SearchSpace
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import InterruptShield, StopRequested
-from autotune.trials.result import TrialResult
+from autotune.trials.result import TrialResult, batch_ignored
 
 SKIP_MARGIN = 0.10  # skip only what the model predicts over the limit by more than this
 MAX_MISSES = 40  # sampler proposals in a row that were skipped or copies: the space is exhausted
@@ -356,7 +356,15 @@ class Search:
         return result
 
     def _count_failure(self, result: TrialResult, records: list[TrialRecord]) -> None:
-        """Three script failures in a row (or the first trial's) end the search with the script's error."""
+        """Three script failures in a row (or the first trial's) end the search with the script's error; a
+        script that ignores the batch size ends it at its first such trial (an InputError: exit 2).
+
+        Raises:
+            InputError: the model saw batches of another size than the trial asked for.
+            ScriptError: the script failed.
+        """
+        if result.batch_ignored:
+            raise InputError(batch_ignored(result))
         self.failures = self.failures + 1 if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT) else 0
         if self.failures >= MAX_FAILURES or (self.failures and sum(r.counted for r in records) == 1):
             raise ScriptError(

@@ -137,5 +137,8 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "warmup_peak_bytes": result.warmup_peak_bytes,
         "steady_peak_bytes": result.steady_peak_bytes,
         "load": result.load.to_dict() if result.load is not None else None,
+        "tokens_per_sec": result.tokens_per_sec,
+        "lengths": list(result.lengths) if result.lengths is not None else None,
+        "batch_seen": result.batch_seen,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

@@ -28,7 +28,7 @@ from autotune.backends.probe_report import (
     TorchProbeReport,
     probe_report_from_json,
 )
-from autotune.core.errors import ScriptError
+from autotune.core.errors import InputError, ScriptError
 from autotune.core.plans import parse_plan
 from autotune.core.protocol import Outcome
 from autotune.leases.watch import LeaseWatch, grace_seconds
@@ -37,12 +37,13 @@ from autotune.search.runner import TrialRunner
 from autotune.search.spec import TuneSpec
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import StopRequested
-from autotune.trials.result import TrialResult
+from autotune.trials.result import TrialResult, batch_ignored
 from autotune.trials.workload import Workload
 
 POLL_SECONDS = 0.5
 SAY_EVERY_SECONDS = 30.0  # a wait is announced at once, then again this often
 SCRIPT_FAILURE = "script: "  # how a probe lease's note marks the script's own failure
+BATCH_IGNORED = "BatchIgnored: "  # the runtime's error for a script that ignores the batch size
 RERUN = "autotune run --force runs it again"
 
 
@@ -111,6 +112,8 @@ def _after_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) ->
 
 def _retry_or_raise(store: Store, key: str, lease: Lease, why: str) -> None:
     """Queue the failed probe's one retry; raise if the script itself failed, or the retry did too."""
+    if why.startswith(SCRIPT_FAILURE + BATCH_IGNORED):  # a script that ignores the batch size: as it was said
+        raise InputError(why[len(SCRIPT_FAILURE + BATCH_IGNORED) :])
     if why.startswith(SCRIPT_FAILURE):
         raise ScriptError(
             f"the script's first trial failed (stored from an earlier run, on worker {lease.worker}): "
@@ -181,11 +184,14 @@ def _probe(
 
 
 def _store_failure(store: Store, lease: Lease, result: TrialResult) -> None:
-    """End the lease of a probe that failed (the script: stored; a timeout: retried once) and raise."""
+    """End the lease of a probe that failed (the script: stored; a timeout: retried once) and raise:
+    InputError for a script that ignores the batch size, else ScriptError."""
     error = (result.error or "").strip().splitlines()
     first = error[0] if error else result.outcome.value
     script = result.outcome is Outcome.FAILED
     store.end_lease(lease.id, LeaseState.FAILED, (SCRIPT_FAILURE if script else "timeout: ") + first)
+    if result.batch_ignored:
+        raise InputError(batch_ignored(result))
     retry = "" if script or lease.attempt > 0 else "; the next run retries it once"
     raise ScriptError(
         f"the script's first trial {result.outcome.value} (logs: {result.log_dir}){retry}:\n{result.error}"

@@ -68,6 +68,8 @@ class TrialRecord:
     warmup_peak_bytes: int | None = None  # the largest sample of its warm-up (compilation, autotuning...)
     steady_peak_bytes: int | None = None  # the largest sample of its measured steps
     memory_method: str | None = None  # the meter's: "rss", "rss-tree", "nvml"
+    tokens_per_sec: float | None = None  # for (B, T) token inputs
+    lengths: tuple[int, int] | None = None  # the shortest and longest step's sequence length
     load: Load | None = None  # how busy the machine was while it ran
 
     @classmethod
@@ -83,6 +85,7 @@ class TrialRecord:
             outcome=Outcome(outcome) if outcome is not None else None,
             ranks=tuple(RankResult.from_dict(r) for r in attrs.get("ranks") or ()),
             load=Load.from_dict(attrs.get("load")),
+            lengths=(attrs["lengths"][0], attrs["lengths"][1]) if attrs.get("lengths") else None,
             **{name: attrs.get(name) for name in _ATTRS},
         )
 
@@ -160,7 +163,16 @@ _ATTRS = (
     "warmup_peak_bytes",
     "steady_peak_bytes",
     "memory_method",
+    "tokens_per_sec",
 )
+
+
+def lengths_of(records: Iterable[TrialRecord], config: tuple[int, str]) -> tuple[int, int] | None:
+    """The shortest and longest sequence length the trials of ``config`` fed their model (token inputs)."""
+    spans = [r.lengths for r in records if (r.batch_size, r.plan) == config and r.lengths is not None]
+    if not spans:
+        return None
+    return min(low for low, _ in spans), max(high for _, high in spans)
 
 
 def best_record(records: Iterable[TrialRecord], limit: int) -> TrialRecord | None:

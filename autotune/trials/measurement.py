@@ -38,7 +38,7 @@ from autotune.trials.command import TrialCommand
 from autotune.trials.interrupts import InterruptShield
 from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
-from autotune.trials.result import TrialResult, classify, throughput
+from autotune.trials.result import TrialResult, classify, throughput, token_throughput
 from autotune.trials.settings import TrialSettings
 from autotune.trials.workload import workload_of
 
@@ -333,4 +333,7 @@ def _result(
         warmup_steps=report.warmup_steps if report else None,
         warmup_peak_bytes=warmup_peak,
         steady_peak_bytes=steady_peak,
+        tokens_per_sec=token_throughput(report) if outcome is Outcome.COMPLETE else None,
+        lengths=report.lengths if report else None,
+        batch_seen=report.batch_seen if report else None,
     )

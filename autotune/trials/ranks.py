@@ -105,7 +105,21 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
         warmup_seconds=first.warmup_seconds if first else None,
         rank=None,
         world_size=world,
+        step_tokens=(
+            tuple(sum(r.step_tokens[i] for r in complete) for i in range(steps))
+            if complete and all(len(r.step_tokens) >= steps for r in complete)
+            else ()
+        ),
+        lengths=_span([r.lengths for r in reports.values() if r.lengths is not None]),
+        batch_seen=_largest(r.batch_seen for r in reports.values()),
     )
+
+
+def _span(lengths: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """The shortest and longest of every rank's lengths."""
+    if not lengths:
+        return None
+    return min(low for low, _ in lengths), max(high for _, high in lengths)
 
 
 def _largest(values: Iterable[int | None]) -> int | None:

@@ -12,6 +12,7 @@ from autotune.core.budget import fits, peak_phase
 from autotune.core.protocol import Outcome, RankResult, TrialReport
 from autotune.core.stats import Interval, median_interval
 from autotune.hardware.load import Load
+from autotune.runtime.inputs import batch_ignored_message
 from autotune.trials.launcher import ProcessExit
 from autotune.trials.settings import TrialSettings
 
@@ -51,6 +52,14 @@ class TrialResult:
     warmup_peak_bytes: int | None = None
     steady_peak_bytes: int | None = None
     load: Load | None = None  # how busy the machine was while it ran (autotune.hardware.load)
+    tokens_per_sec: float | None = None  # the median over the measured steps, for (B, T) token inputs
+    lengths: tuple[int, int] | None = None  # the shortest and longest step's sequence length (token inputs)
+    batch_seen: int | None = None  # the largest batch dimension the model's inputs showed
+
+    @property
+    def batch_ignored(self) -> bool:
+        """The model saw batches of another size than the trial asked for (the script ignores it)."""
+        return self.batch_seen is not None and self.batch_seen != self.batch_size
 
     @property
     def peak_phase(self) -> str | None:
@@ -103,8 +112,22 @@ def classify(
     return Outcome.FAILED, f"exited with code {exit_info.exit_code} before any training step was reported"
 
 
+def batch_ignored(result: TrialResult) -> str:
+    """The one line a trial whose model saw batches of another size than it asked for ends a search with."""
+    assert result.batch_seen is not None
+    return f"{batch_ignored_message(result.batch_seen, result.batch_size)} (trial log: {result.log_dir})"
+
+
 def throughput(report: TrialReport | None) -> Interval | None:
     """Median samples/s over the measured steps (warm-up excluded), with its interval."""
     if report is None or not report.step_seconds:
         return None
     return median_interval([n / s for n, s in zip(report.step_samples, report.step_seconds, strict=True)])
+
+
+def token_throughput(report: TrialReport | None) -> float | None:
+    """Median tokens/s over the measured steps, where the model's inputs were (B, T) token ids."""
+    if report is None or not report.step_seconds or len(report.step_tokens) != len(report.step_seconds):
+        return None
+    speed = median_interval([n / s for n, s in zip(report.step_tokens, report.step_seconds, strict=True)])
+    return speed.mid if speed is not None else None

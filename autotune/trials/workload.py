@@ -12,11 +12,13 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.core.plans import Backend
+from autotune.core.protocol import worst_case_enabled
 from autotune.hardware.devices import Device
 from autotune.trials.command import TrialCommand
 
@@ -43,6 +45,8 @@ def workload_of(command: TrialCommand, device: Device, backend: Backend | str) -
         },
         "backend": str(backend),
     }
+    if worst_case_enabled(os.environ):  # trials of the longest inputs measure another workload
+        details["worst_case"] = True
     ranks = command.world_size(len(device.members))
     if ranks > 1 or len(device.members) > 1:  # a one-process, one-device workload keeps its fingerprint
         details["ranks"] = ranks
