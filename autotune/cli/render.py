@@ -88,9 +88,14 @@ def trials_text(records: Sequence[TrialRecord], new: int) -> str:
     """What the trial counts are: ``4 configurations measured, counted toward --trials; 4 re-measurements of
     the leaders, to verify the winner; 5 of the measurements (the probe included) ran in this run``."""
     counted = sum(r.counted for r in records)
+    second = sum(r.remeasured and r.outcome is not None for r in records)
     again = sum(r.kind is TrialKind.VERIFICATION for r in records)
     warm = sum(r.kind is TrialKind.WARM_START for r in records)
     parts = [f"{counted} configurations measured, counted toward --trials"]
+    if second:
+        parts.append(
+            f"{second} measured again because their readings disagreed or a busy machine took them (not counted)"
+        )
     if again:
         parts.append(f"{again} re-measurement{'s' if again > 1 else ''} of the leaders, to verify the winner")
     if warm:

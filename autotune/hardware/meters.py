@@ -222,8 +222,14 @@ class RssMeter(_Sampler):
                 self._processes,
                 by_step=dict(self._by_step),
             )
+        # The kernel's high-water mark, or a sample above it: the hiwater counter is updated lazily, and a
+        # sample once read 0.15 MiB more (a phase's peak must never exceed the peak checked against the limit)
         return MemoryReading(
-            main_maxrss_bytes, "rss", self.samples, max(self._processes, 1), by_step=dict(self._by_step)
+            max(main_maxrss_bytes, self._peak),
+            "rss",
+            self.samples,
+            max(self._processes, 1),
+            by_step=dict(self._by_step),
         )
 
 

@@ -40,6 +40,7 @@ from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
 
 MAX_VERIFICATIONS = 3  # leaders verified before the search gives up
+TIE = 0.025  # contenders this close to the fastest (or within its noise, if less) tie: the smaller peak wins
 MAX_SETTLING = 2  # longer runs of a contender whose peaks split evenly over the limit (one decides)
 MAX_CONTENDERS = 3  # the leader and at most two rivals are measured again
 ROUNDS = 2  # interleaved longer runs of each contender
@@ -217,11 +218,13 @@ def _challenger(
 
 
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
-    """The fastest contender by all its readings; among those within its noise, the ones whose peak (the
-    median of its readings) is within the memory noise of the smallest, and of those the fastest, a plan
-    that recomputes at least what another at its batch size does left out (at equal batch size it is no
-    faster: a reading that says otherwise is the machine's noise). A peak a few MiB smaller by RSS is noise
-    too: once chose a recompute plan 5% slower than ``none`` at the same batch size."""
+    """The fastest contender by all its readings; among those within its noise (at most TIE of its speed),
+    the ones whose peak (the median of its readings) is within the memory noise of the smallest, and of
+    those the fastest, a plan that recomputes at least what another at its batch size does left out (at
+    equal batch size it is no faster: a reading that says otherwise is the machine's noise). A peak a few
+    MiB smaller by RSS is noise too: once chose a recompute plan 5% slower than ``none`` at the same batch
+    size. And a busy machine's noise is no tie: readings spread ±15% once made batch 4 (105 samples/s by
+    its median) a tie with batch 32 (114), and its smaller peak won, at 0.77 of the optimum."""
     readings = _readings(records)
     peaks = {
         c: statistics.median(
@@ -230,7 +233,7 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
         for c in contenders
     }
     fastest = max(contenders, key=lambda c: readings[c].mid)
-    bar = readings[fastest].mid * (1 - readings[fastest].noise)
+    bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
     close = [c for c in contenders if readings[c].mid >= bar]
     smallest = min(peaks[c] for c in close)
     lean = [c for c in close if peaks[c] <= smallest + memory_noise]

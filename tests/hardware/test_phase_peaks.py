@@ -42,3 +42,19 @@ def test_a_real_process_s_samples_are_filed_under_the_step_the_launcher_reported
     warm, steady = reading.phase_peaks(1)
     assert warm is not None and steady is not None
     assert warm > 200 * 2**20 > steady
+
+
+def test_the_peak_checked_against_the_limit_is_never_below_a_phase_s() -> None:
+    """Issue 32: `peak memory 729.64 MiB` beside `steady 729.79 MiB (sampled)`: the kernel's high-water mark
+    is updated lazily, and a sample of the process can read above it. The peak is the larger of the two."""
+    code = "import time\nheld = bytearray(100 * 2**20)\nprint('held', flush=True)\ntime.sleep(0.5)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    meter = RssMeter(interval=0.02)
+    meter.start(lambda: [proc.pid])
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "held"
+    time.sleep(0.1)
+    reading = meter.stop(main_maxrss_bytes=1)  # a high-water mark that lags every sample
+    proc.wait()
+    assert reading.method == "rss"
+    assert reading.peak_bytes == max(reading.by_step.values()) > 100 * 2**20
