@@ -218,13 +218,16 @@ def _challenger(
 
 
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
-    """The fastest contender by all its readings; among those within its noise (at most TIE of its speed),
-    the ones whose peak (the median of its readings) is within the memory noise of the smallest, and of
-    those the fastest, a plan that recomputes at least what another at its batch size does left out (at
-    equal batch size it is no faster: a reading that says otherwise is the machine's noise). A peak a few
-    MiB smaller by RSS is noise too: once chose a recompute plan 5% slower than ``none`` at the same batch
-    size. And a busy machine's noise is no tie: readings spread ±15% once made batch 4 (105 samples/s by
-    its median) a tie with batch 32 (114), and its smaller peak won, at 0.77 of the optimum."""
+    """The fastest contender by all its readings; among those within its noise (at most TIE of its speed):
+    first, those that another tied contender does not dominate (:func:`_dominates`: where readings cannot
+    tell two configurations apart, the throughput model's structure can); of those, the ones whose peak
+    (the median of its readings) is within the memory noise of the smallest; of those, the fastest.
+
+    Measured on a busy machine (issue 25's bench): the smaller peak within the speed noise once chose a
+    recompute plan 5% slower than ``none`` at the same batch size (a few MiB smaller by RSS: noise too);
+    readings spread ±15% made batch 4 (105 samples/s by its median) a tie with batch 32 (114), and batch
+    4's smaller peak won, at 0.77 of the optimum; and every reading of a run taken under load put batch 4,
+    batch 32 and MLP:1@32 within 0.4% of each other."""
     readings = _readings(records)
     peaks = {
         c: statistics.median(
@@ -235,14 +238,20 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
     close = [c for c in contenders if readings[c].mid >= bar]
-    smallest = min(peaks[c] for c in close)
-    lean = [c for c in close if peaks[c] <= smallest + memory_noise]
-    undominated = [
-        c
-        for c in lean
-        if not any(o[0] == c[0] and o[1] != c[1] and plan_recomputes_at_least(c[1], o[1]) for o in lean)
-    ]
-    return max(undominated or lean, key=lambda c: (readings[c].mid, -peaks[c]))
+    undominated = [c for c in close if not any(_dominates(o, c) for o in close)] or close
+    smallest = min(peaks[c] for c in undominated)
+    lean = [c for c in undominated if peaks[c] <= smallest + memory_noise]
+    return max(lean, key=lambda c: (readings[c].mid, -peaks[c]))
+
+
+def _dominates(config: Configuration, other: Configuration) -> bool:
+    """Whether ``config`` is at least as fast as ``other`` by the throughput model's structure: the same plan
+    at a larger batch (throughput does not fall with the batch), or the same batch with a plan that
+    ``other``'s recomputes at least (autotune.search.throughput_model)."""
+    (batch, plan), (other_batch, other_plan) = config, other
+    if plan == other_plan:
+        return batch > other_batch
+    return batch == other_batch and plan_recomputes_at_least(other_plan, plan)
 
 
 def _store(search: Search, lease: Lease, config: Configuration, records: list[TrialRecord]) -> BestRow:
