@@ -8,10 +8,9 @@ import re
 import sys
 
 import pytest
-
-import autotune
 from click.testing import CliRunner
 
+import autotune
 from autotune.cli import cli
 
 from conftest import SCRIPTS

@@ -118,8 +118,9 @@ def test_optimizer_steps_are_counted_first_optimizer_only(tmp_path) -> None:
         "a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)\n"
         "oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)\n"
         "import autotune\n"
+        "n = autotune.batch_size()\n"
         "for i in range(100):\n"
-        "    (a(torch.ones(1, 2)).sum() + b(torch.ones(1, 2)).sum()).backward()\n"
+        "    (a(torch.ones(n, 2)).sum() + b(torch.ones(n, 2)).sum()).backward()\n"
         "    oa.step(); ob.step()\n"
         "    print(i, flush=True)\n",
         warmup=2,
@@ -137,7 +138,7 @@ ACCUMULATING = (
     "accumulate = int(sys.argv[1]) if len(sys.argv) > 1 else autotune.grad_accum()\n"
     "with torch.no_grad():\n    model(torch.ones(1, 2))  # an evaluation: not a micro-batch\n"
     "for i in range(100):\n"
-    "    for _ in range(accumulate):\n        model(torch.ones(1, 2)).sum().backward()\n"
+    "    for _ in range(accumulate):\n        model(torch.ones(autotune.batch_size(), 2)).sum().backward()\n"
     "    opt.step(); opt.zero_grad()\n"
 )
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import AUTOTUNE, SYNTHETIC
 
 TINY = """\
+import autotune
 import torch
 class Block(torch.nn.Module):
     def __init__(self):
@@ -23,7 +24,7 @@ class Block(torch.nn.Module):
 model = torch.nn.Sequential(Block(), Block())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 while True:
-    model(torch.randn(4, 16)).sum().backward()
+    model(torch.randn(autotune.batch_size(default=4), 16)).sum().backward()
     opt.step()
     opt.zero_grad()
 """
