@@ -224,7 +224,8 @@ def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:
     fast_at_high = high / points[high].high
     if len(batches) < 2:
         return None, Line(fast_at_high, 0.0)
-    slow_at_low = low / points[low].low
+    # readings that disagree wildly pool to an interval down to 0 samples/s: the slowest step is unbounded
+    slow_at_low = low / points[low].low if points[low].low > 0 else float("inf")
     flat_t1 = max((fast_at_high - slow_at_low) / (high - low), 0.0)
     flat = Line(max(fast_at_high - flat_t1 * high, 0.0), flat_t1)
     b = np.array(batches, dtype=float)

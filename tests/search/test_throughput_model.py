@@ -47,3 +47,16 @@ def test_dominance_against_none_and_between_plans_that_recompute_more() -> None:
     faster = fit((1, "none", 0), (24, "none", 0), (24, "C:1", -0.3))  # a plan read faster than none: noise
     assert faster.least_overhead("C:1") == 0.0
     assert faster.optimistic(24, "C:1") == faster.optimistic(24, "none")
+
+
+def test_readings_that_pool_down_to_zero_leave_the_flattest_line_flat() -> None:
+    """A compiled script's batch 8 read 36.9 and 87.4 samples/s among others: their pooled interval reached
+    0, and the flattest line divided by it (ZeroDivisionError, the tuner down)."""
+    model = ThroughputModel.fit(
+        [
+            Reading(8, "none", Interval(0.0, 60.0, 120.0)),
+            Reading(32, "none", Interval(660.0, 669.0, 678.0)),
+        ]
+    )
+    assert model.flat is not None and model.flat.t1 == 0.0
+    assert model.optimistic(16, "none") is not None
