@@ -179,13 +179,11 @@ def best_record(records: Iterable[TrialRecord], limit: int) -> TrialRecord | Non
     """The fastest trial measured (here or for another budget) whose peak fits ``limit``, of a configuration
     that fits by its readings (:func:`peak_verdict`)."""
     records = list(records)
-    fitting = [
-        r
-        for r in records
-        if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START)
-        and r.fits(limit)
-        and peak_verdict(records, (r.batch_size, r.plan), limit) is True
+    candidates = [
+        r for r in records if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START) and r.fits(limit)
     ]
+    fit = {c: peak_verdict(records, c, limit) is True for c in {(r.batch_size, r.plan) for r in candidates}}
+    fitting = [r for r in candidates if fit[(r.batch_size, r.plan)]]
     return max(fitting, key=lambda r: r.samples_per_sec or 0.0, default=None)
 
 
