@@ -1,11 +1,12 @@
 """Calibration: the first trials of a search, which fit the memory model's fixed memory and a slope that
 the noise does not hide, and the proof that a budget is hopeless.
 
-The calibration plan is the first one, or, if it does not fit at the smallest batch size, the one
-expected to save the most, then the next (no plan is ruled out by another's measurement). Its batch
-grows about GROWTH x a step from the smallest until its peaks rise above the memory noise, and bisects
-below a failure (autotune.search.memory_model.MemoryModel.calibration_batch). Once every plan was
-measured not to fit at the smallest batch size, the budget is hopeless.
+The calibration plan is the first one, or, if it does not fit at the smallest batch size (or fits at it
+alone, which gives no slope), the one expected to save the most, then the next (no plan is ruled out by
+another's measurement). Its batch grows about GROWTH x a step from the smallest until its peaks rise
+above the memory noise, and bisects below a failure
+(autotune.search.memory_model.MemoryModel.calibration_batch). Once every plan was measured not to fit at
+the smallest batch size, the budget is hopeless.
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ def next_calibration(
     """The calibration plan's next configuration (MemoryModel.calibration_batch: growing geometrically until
     its peaks rise above the noise, bisecting below a failure); None when it cannot grow any more or its
     next batch size is under way. The plan is the first one, or if it does not fit at the smallest batch
-    size the one expected to save the most, then the next (no plan is ruled out by another's measurement)."""
+    size the one expected to save the most, then the next (no plan is ruled out by another's measurement).
+    A plan that fits at one batch size only (the next one up failed) gives no slope: while no plan has
+    given one, the calibration moves on to the next plan as if the first had not fitted."""
     smallest = space.batch_sizes[0]
     for plan in dict.fromkeys((space.uniform_plans[0], *by_saving(model, space))):
         if any(not r.fits(limit) for r in _measured(records, smallest, plan)):
             continue  # this plan cannot calibrate the model: it does not fit even at the smallest batch
         batch = model.calibration_batch(plan, space.batch_sizes, limit)
+        if batch is None and not model.calibrated:
+            continue  # it fits at one batch size only: no slope from it, the next plan's is needed
         if batch is not None and (batch, plan) in tried and not _measured(records, batch, plan):
             batch = _ahead(model, space, limit, plan, batch)  # another worker measures it: the next step
         if batch is None or (batch, plan) in tried:

@@ -228,3 +228,13 @@ def test_a_landscape_whose_peak_is_not_monotonic_in_the_plan_parameter_is_search
         "A:0.5",
     )
     assert len(records) < len(everything) // 2  # it searched, it did not enumerate
+
+
+def test_a_first_plan_that_fits_at_the_smallest_batch_only_hands_the_calibration_to_the_next_plan() -> None:
+    """none fits at batch 1 and failed at 2 (nothing between to bisect): one batch size gives no slope, so
+    the calibration goes on with the plan expected to save the most, not with the sampler (the tight
+    landscape of bench/search_efficiency.py took 16 trials instead of 6 this way)."""
+    records = [trial(0, 1, "none", 300), trial(1, 2, "none", 300, Outcome.OOM)]  # 400 MiB, then over
+    assert next_for(records) == Proposal(1, "A:1", "calibration")
+    records.append(trial(2, 1, "A:1", 120))
+    assert next_for(records) == Proposal(4, "A:1", "calibration")
