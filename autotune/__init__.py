@@ -8,6 +8,9 @@ Inside a training script (harmless no-ops outside a trial)::
     model = autotune.prepare(model)      # applies the trial's recompute plan
     autotune.step(samples=batch)         # only for loops without torch.optim
     pad_to_max = autotune.worst_case()   # AUTOTUNE_WORST_CASE=1: feed the longest inputs
+    if step % 500 == 0 or autotune.due("eval"):   # --with-eval: the trial awaits an evaluation
+        with autotune.phase("eval"):     # measured on its own; Trainer and Lightning need neither
+            evaluate(model)
 
 From Python, what the CLI does (autotune.api)::
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.budget import Budget, format_bytes, parse_budget
 from autotune.core.errors import AutotuneError
 from autotune.core.plans import Backend, Plan, parse_plan
-from autotune.runtime.trial import batch_size, grad_accum, prepare, step, worst_case
+from autotune.runtime.trial import batch_size, due, grad_accum, phase, prepare, step, worst_case
 
 if TYPE_CHECKING:
     from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work
@@ -58,12 +61,14 @@ __all__ = [
     "batch_size",
     "best",
     "doctor",
+    "due",
     "format_bytes",
     "grad_accum",
     "measure",
     "measure_spec",
     "parse_budget",
     "parse_plan",
+    "phase",
     "prepare",
     "probe",
     "show",

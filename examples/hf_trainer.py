@@ -11,6 +11,10 @@ then train with the answer (or read it in a launcher script):
     python examples/hf_trainer.py --per_device_train_batch_size $AUTOTUNE_BATCH_SIZE \\
         --gradient_accumulation_steps $AUTOTUNE_GRAD_ACCUM --recompute "$AUTOTUNE_PLAN"
 
+With ``--eval_steps N`` the Trainer evaluates every N steps on a held-out set (``--per_device_eval_batch_size``,
+its logits gathered as a Trainer does by default); ``autotune run --with-eval --with-save`` makes each trial
+also evaluate once and save a checkpoint once after its measured steps, so the answer fits those too.
+
 Inside a trial autotune counts the Trainer's optimizer steps (each one ``batch x accumulation`` samples) and
 applies the trial's recompute plan to the model at its first forward; ``--recompute PLAN`` applies a plan
 outside autotune through the same code (``autotune.prepare`` reads ``AUTOTUNE_PLAN``).
@@ -48,6 +52,12 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=1000)
     parser.add_argument("--seq", type=int, default=256, help="sequence length")
     parser.add_argument("--recompute", default="", help="a recompute plan to apply (AUTOTUNE_PLAN's form)")
+    parser.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps (0: never)")
+    parser.add_argument("--per_device_eval_batch_size", type=int, default=8)
+    parser.add_argument("--eval_samples", type=int, default=256, help="the held-out set's size")
+    parser.add_argument(
+        "--output_dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "autotune-hf-trainer-example")
+    )
     args = parser.parse_args()
 
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -63,8 +73,11 @@ def main() -> None:
         os.environ["AUTOTUNE_PLAN"] = args.recompute
         model = autotune.prepare(model)
     training = TrainingArguments(
-        output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "autotune-hf-trainer-example"),
+        output_dir=args.output_dir,
         per_device_train_batch_size=args.per_device_train_batch_size,
+        per_device_eval_batch_size=args.per_device_eval_batch_size,
+        eval_strategy="steps" if args.eval_steps else "no",
+        eval_steps=args.eval_steps or None,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         max_steps=args.max_steps,
         learning_rate=1e-4,
@@ -77,7 +90,9 @@ def main() -> None:
     )
     samples = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     data = RandomTokens(max(samples, 1), args.seq, config.vocab_size)
-    metrics = Trainer(model=model, args=training, train_dataset=data).train().metrics
+    held_out = RandomTokens(args.eval_samples, args.seq, config.vocab_size) if args.eval_samples else None
+    trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out)
+    metrics = trainer.train().metrics
     print(f"train_samples_per_second={metrics['train_samples_per_second']}")
 
 

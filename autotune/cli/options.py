@@ -88,6 +88,19 @@ WARMUP_MAX = click.option(
     help="At most this many warm-up steps: a first measured step 1.5x slower than the others (a "
     "recompilation, autotuning) becomes warm-up and one more is measured, until then. --warmup-max 1: never.",
 )
+WITH_EVAL = click.option(
+    "--with-eval",
+    is_flag=True,
+    help="Each trial also runs the script's evaluation once after its measured steps, and its peak counts "
+    "against the budget (a Trainer's evaluate and a Lightning validation loop are found; a loop of your own "
+    "runs it when autotune.due('eval') is true, inside autotune.phase('eval')).",
+)
+WITH_SAVE = click.option(
+    "--with-save",
+    is_flag=True,
+    help="Each trial also saves a checkpoint once after its measured steps (into the trial's folder, then "
+    "deleted), and its peak counts against the budget; found like --with-eval (autotune.due('save')).",
+)
 DEVICE = click.option(
     "--device",
     default="auto",
@@ -114,7 +127,10 @@ STARTUP_TIMEOUT = click.option(
 def trial_options(command: F) -> F:
     """Options every command that runs trials takes."""
     cache_dir = cache_dir_option("Database and trial logs (default: the user cache dir).")
-    return _apply(command, [STEPS, WARMUP_STEPS, WARMUP_MAX, DEVICE, TIMEOUT, STARTUP_TIMEOUT, cache_dir])
+    return _apply(
+        command,
+        [STEPS, WARMUP_STEPS, WARMUP_MAX, WITH_EVAL, WITH_SAVE, DEVICE, TIMEOUT, STARTUP_TIMEOUT, cache_dir],
+    )
 
 
 def search_options(command: F) -> F:
@@ -179,4 +195,9 @@ def settings_of(options: dict[str, Any]) -> TrialSettings:
         options["startup_timeout"],
         options["timeout"],
         warmup_max=options["warmup_max"],
+        phases=tuple(
+            phase
+            for phase, asked in (("eval", options["with_eval"]), ("save", options["with_save"]))
+            if asked
+        ),
     )

@@ -17,10 +17,11 @@ from autotune.cli.console import as_json, key_value_grid
 from autotune.cli.fit import PlanNames, plan_width
 from autotune.cli.tables import checks_table, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
+from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.results.listing import not_run_line
 from autotune.runtime.inputs import varied_lengths
-from autotune.search.records import TrialKind, TrialRecord, lengths_of
+from autotune.search.records import TrialKind, TrialRecord, lengths_of, phase_peaks_of
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
     from autotune.results.best import BestAnswer
@@ -32,6 +33,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
     """The end of ``autotune run``: all trials, the prediction quality, the chosen configuration, its use."""
     best = result.best
     lengths = lengths_of(result.records, (best.batch_size, best.plan))
+    phases = phase_peaks_of(result.records, (best.batch_size, best.plan))
     if as_json_flag:
         out.print(as_json_text(result), markup=False)
         return
@@ -54,11 +56,13 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 (
                     "peak",
                     f"{format_bytes(best.verified_peak_bytes)}, the largest of its trials, a longer one included "
-                    f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})",
+                    f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})"
+                    + _over_limit_text(result),
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),
                 *([("certainty", best.certainty)] if best.certainty else []),
                 *([("inputs", varied_lengths(lengths))] if lengths and lengths[0] != lengths[1] else []),
+                *([("phases", _phases_text(phases))] if phases else []),
             ]
         ),
         markup=False,
@@ -69,6 +73,31 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
     out.print(f'\nuse it:  eval "$({hint})"', markup=False)
     out.print(f"         {formats}  # or lightning, torchrun", markup=False)
     out.print(f"see it:  {shlex.join([*exe, 'report', result.study_name])}", markup=False)
+
+
+def _over_limit_text(result: TuneResult) -> str:
+    """Where some of the answer's readings passed the limit (most did not: it fits by the majority of its
+    peaks, records.peak_verdict), how many, and that the headroom is what took them."""
+    config = (result.best.batch_size, result.best.plan)
+    peaks = [
+        r.peak_bytes
+        for r in result.records
+        if (r.batch_size, r.plan) == config and r.outcome is Outcome.COMPLETE and r.peak_bytes is not None
+    ]
+    over = sum(p > result.limit_bytes for p in peaks)
+    if not over:
+        return ""
+    within = (
+        "all within the budget" if max(peaks) <= result.budget_bytes else "the largest over the budget too"
+    )
+    return f"; {over} of its {len(peaks)} readings passed the limit, {within}: the memory noise the headroom is for"
+
+
+def _phases_text(phases: dict[str, int]) -> str:
+    """``eval 1.20 GiB, save 900.00 MiB (sampled in each trial after its steps; within the peak)``."""
+    names = {"eval": "evaluation", "save": "checkpoint save"}
+    listed = ", ".join(f"{names.get(n, n)} {format_bytes(p)}" for n, p in sorted(phases.items()))
+    return f"{listed}: run once after each trial's measured steps, within the peak above"
 
 
 def _batch_text(batch_size: int, grad_accum: int | None, global_batch: int | None) -> str:
@@ -155,6 +184,7 @@ def as_json_text(result: TuneResult) -> str:
             "readings": result.best.readings,
             "certainty": result.best.certainty,
             "lengths": lengths_of(result.records, (result.best.batch_size, result.best.plan)),
+            "phase_peaks": phase_peaks_of(result.records, (result.best.batch_size, result.best.plan)) or None,
             "trials": [r.__dict__ for r in result.records],
         }
     )

@@ -76,12 +76,17 @@ def measured(result: TrialResult) -> str:
             )
         )
     if result.peak_phase is not None:
+        jobs = "".join(
+            f", {name} {format_bytes(peak)}" for name, peak in sorted((result.phase_peaks or {}).items())
+        )
+        unsampled = sorted(set(result.phase_seconds or {}) - set(result.phase_peaks or {}))
         rows.append(
             (
                 "phases",
                 f"warm-up ({result.warmup_steps} steps) {format_bytes(result.warmup_peak_bytes or 0)}, "
-                f"steady {format_bytes(result.steady_peak_bytes or 0)} (sampled): the peak was set in "
-                f"{result.peak_phase}; the budget is checked against the whole run's",
+                f"steady {format_bytes(result.steady_peak_bytes or 0)}{jobs} (sampled): the peak was set in "
+                f"{result.peak_phase}; the budget is checked against the whole run's"
+                + (f" ({', '.join(unsampled)} too short for a sample)" if unsampled else ""),
             )
         )
     if result.compile_cache:

@@ -57,7 +57,7 @@ def measure(
     """
     from autotune.cli.render_trial import measured
     from autotune.trials.measurement import measure_spec
-    from autotune.trials.result import batch_ignored
+    from autotune.trials.result import misconfigured
 
     spec = measure_spec(
         command,
@@ -73,8 +73,8 @@ def measure(
     )
     result = api.measure(spec, environ=os.environ)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else measured(result))
-    if result.batch_ignored:
-        raise InputError(batch_ignored(result))
+    if (why := misconfigured(result)) is not None:
+        raise InputError(why)
     exit_with(result.outcome is Outcome.COMPLETE and result.fits_budget is not False)
 
 

@@ -93,12 +93,16 @@ class Limit:
         return int(self.budget_bytes * (1 - self.headroom))
 
 
-def peak_phase(warmup_peak_bytes: int | None, steady_peak_bytes: int | None) -> str | None:
-    """Which phase of a trial set its peak: "warm-up" (start-up, compilation, autotuning) or "steady" (its
-    measured steps); None when a phase was not sampled."""
+def peak_phase(
+    warmup_peak_bytes: int | None, steady_peak_bytes: int | None, phase_peaks: dict[str, int] | None = None
+) -> str | None:
+    """Which phase of a trial set its peak: "warm-up" (start-up, compilation, autotuning), "steady" (its
+    measured steps), or a phase of the job it ran after them ("eval", "save"); None when warm-up or the
+    steps were not sampled."""
     if warmup_peak_bytes is None or steady_peak_bytes is None:
         return None
-    return "warm-up" if warmup_peak_bytes > steady_peak_bytes else "steady"
+    peaks = {"steady": steady_peak_bytes, "warm-up": warmup_peak_bytes, **(phase_peaks or {})}
+    return max(peaks, key=lambda name: peaks[name])  # a tie: the steps, then warm-up
 
 
 def fits(outcome: Outcome | None, peak_bytes: int | None, limit_bytes: int) -> bool:

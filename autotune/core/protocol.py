@@ -3,7 +3,8 @@
 The parent writes a :class:`TrialRequest` as JSON and points the child at it with ``AUTOTUNE_TRIAL_REQUEST``.
 The child writes a :class:`TrialReport` as JSON to ``request.report_path`` and exits with one of the
 ``EXIT_*`` codes. The outcome comes from the report and the exit status, never from the trial's logs.
-While it runs, the child atomically rewrites ``request.progress_path`` with the steps done so far.
+While it runs, the child atomically rewrites ``request.progress_path`` with the steps done so far, and the
+phase it is in (``eval``, ``save``: see PHASES) while it runs one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ BACKEND_ENV = "AUTOTUNE_BACKEND"  # outside a trial: the backend prepare() appli
 RANK_ENV = "RANK"
 LOCAL_RANK_ENV = "LOCAL_RANK"
 WORLD_SIZE_ENV = "WORLD_SIZE"
+
+# The phases of a job besides its training steps that a trial can be asked to run once after its measured
+# steps (--with-eval, --with-save), each measured on its own: the script's evaluation, a checkpoint save.
+PHASES = ("eval", "save")
 
 EXIT_COMPLETE = 0  # warm-up + measured steps done, report written
 EXIT_OOM = 75  # CUDA out of memory, or the CPU allocator refused
@@ -75,6 +80,9 @@ class TrialRequest:
     # autotuning, the allocator still growing) becomes warm-up and one more step is measured, up to this
     # many warm-up steps in all (autotune.runtime.trial).
     warmup_max: int = 0
+    # Phases (of PHASES) to run once after the measured steps, before the trial ends: its peak then covers
+    # the script's evaluation and a checkpoint save too (autotune.runtime.trial, autotune.runtime.phases).
+    phases: tuple[str, ...] = ()
 
     @property
     def total_steps(self) -> int:
@@ -88,7 +96,12 @@ class TrialRequest:
     def read(cls, path: str | Path) -> TrialRequest:
         data = json.loads(Path(path).read_text())
         return cls(
-            **{**data, "backend": Backend(data["backend"]), "check_plans": tuple(data.get("check_plans", ()))}
+            **{
+                **data,
+                "backend": Backend(data["backend"]),
+                "check_plans": tuple(data.get("check_plans", ())),
+                "phases": tuple(data.get("phases", ())),
+            }
         )
 
 
@@ -118,6 +131,7 @@ class TrialReport:
     step_tokens: tuple[int, ...] = ()  # per measured step, where the model's inputs were (B, T) token ids
     lengths: tuple[int, int] | None = None  # the shortest and longest step's longest T, for token inputs
     batch_seen: int | None = None  # the largest batch dimension the model's inputs showed
+    phase_seconds: dict[str, float] | None = None  # each phase the script ran (autotune.phase), its seconds
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)
@@ -232,6 +246,19 @@ def read_rank_identities(path: str | Path) -> dict[int, RankIdentity]:
     return found
 
 
+def read_phase(path: str | Path) -> str | None:
+    """The phase the child is in (see PHASES; None: its training steps). In a multi-process job, the
+    lowest rank's that is in one."""
+    for file in [*rank_files(path).values(), Path(path)]:
+        try:
+            phase = json.loads(file.read_text()).get("phase")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(phase, str):
+            return phase
+    return None
+
+
 def _steps(path: str | Path) -> int:
     try:
         return int(json.loads(Path(path).read_text())["steps"])
@@ -239,8 +266,13 @@ def _steps(path: str | Path) -> int:
         return 0
 
 
-def write_progress(path: str | Path, steps: int, rank: RankIdentity | None = None) -> None:
-    _write_json_atomic(Path(path), {"steps": steps, **(asdict(rank) if rank is not None else {})})
+def write_progress(
+    path: str | Path, steps: int, rank: RankIdentity | None = None, phase: str | None = None
+) -> None:
+    data: dict[str, Any] = {"steps": steps, **(asdict(rank) if rank is not None else {})}
+    if phase is not None:
+        data["phase"] = phase
+    _write_json_atomic(Path(path), data)
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:

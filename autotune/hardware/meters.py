@@ -35,6 +35,7 @@ from autotune.hardware.devices import Device
 
 Processes = Callable[[], Iterable[int]]  # the trial's process ids, now
 Ranks = Callable[[], Mapping[int, RankIdentity]]  # the pids of the trial's ranks that have started, now
+PhaseSource = Callable[[], "str | None"]  # the phase the trial is in now (core.protocol.read_phase)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class MemoryReading:
     ranks: tuple[RankPeak, ...] = ()  # a multi-process trial's ranks (peak_bytes is the largest of them)
     # the largest sample taken while the trial had finished k steps, by k (as the launcher told the meter)
     by_step: dict[int, int] = field(default_factory=dict)
+    # the largest sample taken while the trial was in a phase (eval, save: core.protocol.PHASES), by phase;
+    # those samples are in no step's
+    by_phase: dict[str, int] = field(default_factory=dict)
 
     def phase_peaks(self, warmup_steps: int | None) -> tuple[int | None, int | None]:
         """The largest sample of warm-up (steps 1 to ``warmup_steps``, start-up included) and of the steps
@@ -75,12 +79,21 @@ class MemoryMeter(Protocol):
 
     over: threading.Event
 
-    def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None: ...
+    def start(
+        self,
+        processes: Processes,
+        ceiling: int | None = None,
+        ranks: Ranks | None = None,
+        phase: PhaseSource | None = None,
+    ) -> None:
+        """``phase``: read at every sample, the phase the trial is in (None: training), so that a sample is
+        filed under the phase it was taken in, not the one the launcher last saw."""
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
 
-    def at_step(self, steps: int) -> None:
-        """The trial has finished ``steps`` steps: later samples count towards that step."""
+    def at_step(self, steps: int, phase: str | None = None) -> None:
+        """The trial has finished ``steps`` steps and is in ``phase`` (None: training): later samples
+        count towards that phase, else that step."""
 
 
 def make_meter(device: Device, nvml: Any = None) -> MemoryMeter:
@@ -105,17 +118,21 @@ class _Sampler:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._step = 0
+        self._phase: str | None = None
         self._by_step: dict[int, int] = {}
+        self._by_phase: dict[str, int] = {}
+        self._phase_source: PhaseSource | None = None
 
-    def at_step(self, steps: int) -> None:
-        self._step = steps
+    def at_step(self, steps: int, phase: str | None = None) -> None:
+        self._step, self._phase = steps, phase
 
-    def start_sampling(self, ceiling: int | None) -> None:
+    def start_sampling(self, ceiling: int | None, phase: PhaseSource | None = None) -> None:
         self._done = threading.Event()  # a meter measures one trial after another: nothing carries over
         self.over = threading.Event()
         self._ceiling = ceiling
         self.samples = 0
-        self._step, self._by_step = 0, {}
+        self._step, self._phase, self._by_step, self._by_phase = 0, None, {}, {}
+        self._phase_source = phase
         self._thread = threading.Thread(target=self._run, name="autotune-meter", daemon=True)
         self._thread.start()
 
@@ -129,7 +146,11 @@ class _Sampler:
             self.sample()
             self.samples += 1
             step = self._step
-            self._by_step[step] = max(self._by_step.get(step, 0), self.current())
+            phase = self._phase_source() if self._phase_source is not None else self._phase
+            if phase is not None:
+                self._by_phase[phase] = max(self._by_phase.get(phase, 0), self.current())
+            else:
+                self._by_step[step] = max(self._by_step.get(step, 0), self.current())
             if self._ceiling is not None and self.sampled_peak() > self._ceiling:
                 self.over.set()
             self._done.wait(self.interval)
@@ -159,10 +180,16 @@ class RssMeter(_Sampler):
         self._rank_peaks: dict[int, int] = {}
         self._now = 0
 
-    def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None:
+    def start(
+        self,
+        processes: Processes,
+        ceiling: int | None = None,
+        ranks: Ranks | None = None,
+        phase: PhaseSource | None = None,
+    ) -> None:
         """``ranks``: a multi-process trial (torchrun); its ceiling is then a rank's, its launcher no rank."""
         self._pids, self._ranks, self._peak, self._processes, self._rank_peaks = processes, ranks, 0, 0, {}
-        self.start_sampling(ceiling)
+        self.start_sampling(ceiling, phase)
 
     def sampled_peak(self) -> int:
         if self._ranks is not None:  # the launcher's own memory is no rank's
@@ -213,6 +240,7 @@ class RssMeter(_Sampler):
                 self._processes,
                 ranks=ranks,
                 by_step=dict(self._by_step),
+                by_phase=dict(self._by_phase),
             )
         if self._processes > 1:
             return MemoryReading(
@@ -221,6 +249,7 @@ class RssMeter(_Sampler):
                 self.samples,
                 self._processes,
                 by_step=dict(self._by_step),
+                by_phase=dict(self._by_phase),
             )
         # The kernel's high-water mark, or a sample above it: the hiwater counter is updated lazily, and a
         # sample once read 0.15 MiB more (a phase's peak must never exceed the peak checked against the limit)
@@ -230,6 +259,7 @@ class RssMeter(_Sampler):
             self.samples,
             max(self._processes, 1),
             by_step=dict(self._by_step),
+            by_phase=dict(self._by_phase),
         )
 
 
@@ -288,12 +318,18 @@ class NvmlMeter(_Sampler):
         memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index], version=self._nvml.nvmlMemory_v2)
         return int(memory.used)
 
-    def start(self, processes: Processes, ceiling: int | None = None, ranks: Ranks | None = None) -> None:
+    def start(
+        self,
+        processes: Processes,
+        ceiling: int | None = None,
+        ranks: Ranks | None = None,
+        phase: PhaseSource | None = None,
+    ) -> None:
         self._pids, self._ranks = processes, ranks
         self._peaks = [0] * len(self._handles)
         self._trial_pids, self._foreign_pids, self._device_of = set(), set(), {}
         self._baseline = [self._used(i) for i in range(len(self._handles))]
-        self.start_sampling(ceiling)
+        self.start_sampling(ceiling, phase)
 
     def _above(self, index: int) -> int:
         return max(self._peaks[index] - self._baseline[index], 0)
@@ -336,6 +372,7 @@ class NvmlMeter(_Sampler):
             note,
             ranks,
             by_step=dict(self._by_step),
+            by_phase=dict(self._by_phase),
         )
 
     def _rank_devices(self) -> list[tuple[RankIdentity, int]]:

@@ -105,16 +105,31 @@ def _phases_html(records: list[TrialRecord]) -> str:
     budget is checked against the whole run's peak, what the user's job will see."""
     warm = [r for r in records if r.peak_phase == "warm-up"]
     known = [r for r in records if r.peak_phase is not None]
+    jobs = [r for r in known if r.phase_peaks]
     if not known:
         return ""
+    out = ""
+    if jobs:
+        listed = ", ".join(
+            f"#{r.number} (steady {format_bytes(r.steady_peak_bytes or 0)}"
+            + "".join(
+                f", {name} {format_bytes(peak)}" for name, peak in sorted((r.phase_peaks or {}).items())
+            )
+            + ")"
+            for r in jobs
+        )
+        out += (
+            f"<p>Phases of the job measured after the steps (evaluation, checkpoint save): "
+            f"{html.escape(listed)}. Their peaks count against the budget like the steps'.</p>"
+        )
     if not warm:
-        return f"<p>Every peak was set in the measured steps ({len(known)} trials sampled by phase).</p>"
+        return out + f"<p>No peak was set in warm-up ({len(known)} trials sampled by phase).</p>"
     listed = ", ".join(
         f"#{r.number} ({format_bytes(r.warmup_peak_bytes or 0)} in warm-up, "
         f"{format_bytes(r.steady_peak_bytes or 0)} steady)"
         for r in warm
     )
-    return (
+    return out + (
         f"<p>Peaks set in warm-up (compilation, autotuning, the allocator growing), not in the measured "
         f"steps: {html.escape(listed)}. The budget is checked against the whole run's peak.</p>"
     )

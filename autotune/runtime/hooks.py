@@ -1,7 +1,9 @@
 """The trial's hooks into torch, installed before the user's script runs (by the harness, or by the
 injected sitecustomize for commands that are not ``python ...``): count optimizer steps, apply the plan at
 the first forward, and count that module's forwards between optimizer steps (its micro-batches: see
-autotune.runtime.trial), with what their inputs show (autotune.runtime.inputs). torch itself is not imported here: the hooks go in when the script imports it.
+autotune.runtime.trial), with what their inputs show (autotune.runtime.inputs); and the phases of a job
+inside Hugging Face's Trainer and Lightning (autotune.runtime.frameworks). torch itself is not imported
+here: the hooks go in when the script imports it (a framework's, when the script imports that).
 
 torch.compile: a compile plan's activation memory budget is set as torch is imported, before the script
 can compile anything, so a script that calls ``torch.compile`` itself is covered without a change (and
@@ -12,6 +14,7 @@ eager forward, and the probe asks torch's partitioner about the compiled graphs 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -22,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from autotune.core.plans import Backend, Plan, parse_plan
+from autotune.runtime.frameworks import HOOKS
 from autotune.runtime.inputs import read_inputs
 from autotune.runtime.trial import _Trial, current, prepare
 
@@ -41,6 +45,12 @@ def install() -> None:
         _install_torch_hooks(sys.modules["torch"])
     else:
         sys.meta_path.insert(0, _AfterImport("torch", _install_torch_hooks))
+    for name, hook in HOOKS.items():  # the phases of a job inside Hugging Face's Trainer and Lightning
+        then = functools.partial(hook, trial=trial)
+        if name in sys.modules:
+            then(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def _install_torch_hooks(torch: Any) -> None:

@@ -36,6 +36,16 @@ progress (with its pid, from its start) and its report to files of its rank, and
 When warm-up + measured steps are done, the runtime writes its report and raises :class:`TrialComplete`
 (a ``SystemExit(0)``), so the script ends cleanly even if it would train forever.
 
+Phases of the job (``phase(name)``, ``due(name)``): a trial asked for ``eval`` or ``save`` (``--with-eval``,
+``--with-save``) does not end after its measured steps: it waits for the script to run each phase once,
+inside ``with autotune.phase(name):`` (a Hugging Face Trainer's evaluate and checkpoint save, and a
+Lightning trainer's validation loop and save_checkpoint, are wrapped so by autotune.runtime.frameworks), and
+ends as the last one is done. ``due(name)`` tells a loop of the user's own that a phase is awaited. The
+phase the process is in goes into its progress file, so the tuner's meter files its samples under that
+phase; after the measured steps the last phase stays named until the trial ends (a GPU's cache keeps what a
+phase reserved). A script that trains PHASE_PATIENCE steps past its measured ones without running a phase
+asked, or ends before, fails with a message that says how to run it (PhaseNotRun).
+
 torch is never imported here: hooks are installed when the script itself imports torch.
 """
 
@@ -73,6 +83,19 @@ from autotune.runtime.inputs import Inputs, Seen, batch_ignored_message
 M = TypeVar("M")
 
 SETTLE_FACTOR = 1.5  # a first measured step this much slower than the median of the others is warm-up
+PHASE_PATIENCE = 8  # training steps past the measured ones a script may take before a phase asked runs
+HOW_TO_RUN = {
+    "eval": (
+        "evaluate",
+        "give a Hugging Face Trainer an eval_dataset or a Lightning module a val_dataloader, or in a loop of "
+        "your own evaluate when autotune.due('eval') is true, inside `with autotune.phase('eval'):`",
+    ),
+    "save": (
+        "save a checkpoint",
+        "a Hugging Face Trainer and a Lightning trainer save on their own; in a loop of your own save when "
+        "autotune.due('save') is true, inside `with autotune.phase('save'):`",
+    ),
+}
 
 
 class TrialComplete(SystemExit):
@@ -88,6 +111,10 @@ class AccumulationIgnored(RuntimeError):
 
 class BatchIgnored(RuntimeError):
     """The model saw batches of another size than the trial asked for: the script ignores the batch size."""
+
+
+class PhaseNotRun(RuntimeError):
+    """The trial asked for a phase of the job (--with-eval, --with-save) that the script did not run."""
 
 
 class _Trial:
@@ -123,6 +150,14 @@ class _Trial:
         self.counting = True  # off while the probe checks plans on the model
         self.micro_batches: int | None = None  # forwards in the last step that counted any
         self.compiled = False  # the script called torch.compile (autotune.runtime.hooks)
+        self.phases = () if request.probe else request.phases  # to run once after the measured steps
+        self.measured = False  # the measured steps are done: the phases asked may run now
+        self.phase_now: str | None = None  # the phase the script is in (autotune.phase)
+        self.phase_depth = 0  # phases inside it of the same name (a Trainer's evaluate inside the user's)
+        self.phase_seconds: dict[str, float] = {}
+        self.phases_done: set[str] = set()  # asked, and run after the measured steps
+        self.extra_steps = 0  # training steps past the measured ones, while phases are due
+        self.last_phase: str | None = None  # after the measured steps: the phase the meter files under
 
     def forward(self, inputs: Inputs | None = None) -> None:
         """One forward of the model being trained (the hooks call it), with what its inputs showed."""
@@ -135,6 +170,9 @@ class _Trial:
         if self.finished:  # the script swallowed TrialComplete and kept going: stop it for good
             _flush_stdio()
             os._exit(EXIT_COMPLETE)
+        if self.measured:  # past the measured steps: training on until the phases asked have run
+            self._step_while_due()
+            return
         _synchronize_cuda()
         now = time.perf_counter()
         self.steps += 1
@@ -168,11 +206,63 @@ class _Trial:
         if self.probe is not None and hasattr(self.probe, "after_step"):
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
             self.last_step_end = time.perf_counter()
-        write_progress(self.progress_path, self.steps, self.rank)
+        write_progress(self.progress_path, self.steps, self.rank, self.phase_now)
         if len(self.step_seconds) >= self.request.measured_steps and not self._unsettled():
-            self.finished = True
-            self.report(Outcome.COMPLETE)
-            raise TrialComplete()
+            self.measured = True
+            if not self.due_phases():
+                self.finish()
+
+    def finish(self) -> None:
+        """The trial is over: write its report and end the script (TrialComplete)."""
+        self.finished = True
+        self.report(Outcome.COMPLETE)
+        raise TrialComplete()
+
+    def due_phases(self) -> list[str]:
+        """The phases asked that the script has yet to run (none before the measured steps are done)."""
+        return [p for p in self.phases if p not in self.phases_done] if self.measured else []
+
+    def _step_while_due(self) -> None:
+        """A training step after the measured ones, while a phase asked has not run: counted, not measured;
+        past PHASE_PATIENCE of them the trial fails saying how to run the phase."""
+        self.steps += 1
+        self.extra_steps += 1
+        self.forwards, self.seen = 0, Seen()
+        write_progress(self.progress_path, self.steps, self.rank, self.phase_now or self.last_phase)
+        if self.extra_steps >= PHASE_PATIENCE:
+            raise PhaseNotRun(self._phase_missing(f"trained {self.extra_steps} steps past its measured ones"))
+
+    def _phase_missing(self, what: str) -> str:
+        phase = self.due_phases()[0]
+        verb, how = HOW_TO_RUN[phase]
+        return f"--with-{phase}: the script {what} and did not {verb}: {how}"
+
+    def enter_phase(self, name: str) -> bool:
+        """The script starts phase ``name``; False for a phase inside one of the same name (not counted)."""
+        if self.phase_now == name:
+            self.phase_depth += 1
+            return False
+        self.phase_now, self.phase_depth = name, 1
+        _synchronize_cuda()
+        write_progress(self.progress_path, self.steps, self.rank, name)
+        return True
+
+    def exit_phase(self, name: str, seconds: float, ok: bool) -> None:
+        """Phase ``name`` ended (``ok``: without an error); the trial ends once every phase asked ran."""
+        self.phase_depth -= 1
+        if self.phase_depth > 0:
+            return
+        _synchronize_cuda()
+        self.phase_now = None
+        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
+        if not self.measured:  # a phase of the script's own during the steps: back to training
+            write_progress(self.progress_path, self.steps, self.rank)
+            return
+        self.last_phase = name  # samples from now on still count towards it (see the module docstring)
+        if ok and name in self.phases:
+            self.phases_done.add(name)
+            if not self.due_phases():
+                self.finish()
 
     def _check_batch(self, seen: Seen) -> None:
         """Fail the trial once its model saw a batch other than the one asked (per forward: a micro-batch).
@@ -228,6 +318,7 @@ class _Trial:
             step_tokens=tuple(self.step_tokens) if len(self.step_tokens) == len(self.step_seconds) else (),
             lengths=(min(self.step_lengths), max(self.step_lengths)) if self.step_lengths else None,
             batch_seen=self.batch_seen,
+            phase_seconds=dict(self.phase_seconds) or None,
         ).write(self.report_path)
 
     def _probe_result(self) -> dict[str, Any] | None:
@@ -253,6 +344,9 @@ class _Trial:
         if error is None or isinstance(error, SystemExit):
             code = getattr(error, "code", 0)
             how = f"exited with code {code}" if code not in (None, 0) else "ended"
+            if self.due_phases():
+                self.report(Outcome.FAILED, f"PhaseNotRun: {self._phase_missing(how)}")
+                return EXIT_FAILED
             self.report(
                 Outcome.FAILED,
                 f"the script {how} after {self.steps} of {self.warmup_steps + self.request.measured_steps} steps",
@@ -384,6 +478,39 @@ def step(samples: int | None = None) -> None:
     if trial is not None:
         trial.explicit_steps = True
         trial.step(samples)
+
+
+class phase:  # a context manager named as the function users call it as
+    """``with autotune.phase("eval"):`` (or ``"save"``, or any name): the code inside is that phase of the
+    job, its memory measured on its own. In a trial asked for it (``--with-eval``, ``--with-save``) after its
+    measured steps, the trial ends as the last such phase ends (TrialComplete from the ``with``). A no-op
+    outside a trial."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._started: float | None = None
+        self._counted = False
+
+    def __enter__(self) -> phase:
+        trial = current()
+        if trial is not None:
+            self._counted = trial.enter_phase(self.name)
+            self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        trial = current()
+        if trial is not None and self._started is not None:
+            trial.exit_phase(self.name, time.perf_counter() - self._started, ok=kind is None)
+
+
+def due(name: str) -> bool:
+    """Whether the trial awaits phase ``name`` now (``--with-eval``: "eval", ``--with-save``: "save"): its
+    measured steps are done and the script has not run it since. A training loop of the user's own runs
+    that phase when this is true (inside ``autotune.phase(name)``); a Trainer or Lightning needs nothing.
+    False outside a trial."""
+    trial = current()
+    return trial is not None and name in trial.due_phases()
 
 
 def is_out_of_memory(error: BaseException) -> bool:

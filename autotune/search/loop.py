@@ -68,7 +68,7 @@ from autotune.search.runner import TrialRunner
 from autotune.search.space import SearchSpace
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import InterruptShield, StopRequested
-from autotune.trials.result import TrialResult, batch_ignored
+from autotune.trials.result import TrialResult, misconfigured
 
 SKIP_MARGIN = 0.10  # skip only what the model predicts over the limit by more than this
 MAX_MISSES = 40  # sampler proposals in a row that were skipped or copies: the space is exhausted
@@ -357,14 +357,16 @@ class Search:
 
     def _count_failure(self, result: TrialResult, records: list[TrialRecord]) -> None:
         """Three script failures in a row (or the first trial's) end the search with the script's error; a
-        script that ignores the batch size ends it at its first such trial (an InputError: exit 2).
+        script that ignores the batch size, or does not run a phase asked for, ends it at its first such
+        trial (an InputError: exit 2).
 
         Raises:
-            InputError: the model saw batches of another size than the trial asked for.
+            InputError: the model saw batches of another size than the trial asked for, or the script did
+                not run a phase asked for (--with-eval, --with-save).
             ScriptError: the script failed.
         """
-        if result.batch_ignored:
-            raise InputError(batch_ignored(result))
+        if (why := misconfigured(result)) is not None:
+            raise InputError(why)
         self.failures = self.failures + 1 if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT) else 0
         if self.failures >= MAX_FAILURES or (self.failures and sum(r.counted for r in records) == 1):
             raise ScriptError(

@@ -18,17 +18,25 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def study_key(
-    workload: Workload, budget_bytes: int, headroom: float, space: dict[str, Any], steps: tuple[int, int]
+    workload: Workload,
+    budget_bytes: int,
+    headroom: float,
+    space: dict[str, Any],
+    steps: tuple[int, int],
+    phases: tuple[str, ...] = (),
 ) -> str:
-    return digest(
-        {
-            "workload": workload.fingerprint,
-            "budget_bytes": budget_bytes,
-            "headroom": headroom,
-            "space": space,
-            "steps": list(steps),
-        }
-    )
+    """The key; phases a trial runs after its steps (--with-eval, --with-save) join it only when asked, so
+    the keys of the studies that ran none stay as they were."""
+    asked: dict[str, Any] = {
+        "workload": workload.fingerprint,
+        "budget_bytes": budget_bytes,
+        "headroom": headroom,
+        "space": space,
+        "steps": list(steps),
+    }
+    if phases:
+        asked["phases"] = sorted(phases)
+    return digest(asked)
 
 
 def default_study_name(workload: Workload, key: str) -> str:

@@ -140,5 +140,7 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "tokens_per_sec": result.tokens_per_sec,
         "lengths": list(result.lengths) if result.lengths is not None else None,
         "batch_seen": result.batch_seen,
+        **({"phase_peaks": result.phase_peaks} if result.phase_peaks else {}),
+        **({"phase_seconds": result.phase_seconds} if result.phase_seconds else {}),
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

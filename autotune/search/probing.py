@@ -37,7 +37,7 @@ from autotune.search.runner import TrialRunner
 from autotune.search.spec import TuneSpec
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import StopRequested
-from autotune.trials.result import TrialResult, batch_ignored
+from autotune.trials.result import TrialResult, misconfigured
 from autotune.trials.workload import Workload
 
 POLL_SECONDS = 0.5
@@ -190,8 +190,8 @@ def _store_failure(store: Store, lease: Lease, result: TrialResult) -> None:
     first = error[0] if error else result.outcome.value
     script = result.outcome is Outcome.FAILED
     store.end_lease(lease.id, LeaseState.FAILED, (SCRIPT_FAILURE if script else "timeout: ") + first)
-    if result.batch_ignored:
-        raise InputError(batch_ignored(result))
+    if (why := misconfigured(result)) is not None:
+        raise InputError(why)
     retry = "" if script or lease.attempt > 0 else "; the next run retries it once"
     raise ScriptError(
         f"the script's first trial {result.outcome.value} (logs: {result.log_dir}){retry}:\n{result.error}"

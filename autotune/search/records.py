@@ -71,6 +71,8 @@ class TrialRecord:
     tokens_per_sec: float | None = None  # for (B, T) token inputs
     lengths: tuple[int, int] | None = None  # the shortest and longest step's sequence length
     load: Load | None = None  # how busy the machine was while it ran
+    # each phase of the job it ran after its steps (eval, save): its largest memory sample
+    phase_peaks: dict[str, int] | None = None
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -127,7 +129,7 @@ class TrialRecord:
     @property
     def peak_phase(self) -> str | None:
         """Which phase set its peak (``core.budget.peak_phase``)."""
-        return peak_phase(self.warmup_peak_bytes, self.steady_peak_bytes)
+        return peak_phase(self.warmup_peak_bytes, self.steady_peak_bytes, self.phase_peaks)
 
     @property
     def note_text(self) -> str:
@@ -164,7 +166,18 @@ _ATTRS = (
     "steady_peak_bytes",
     "memory_method",
     "tokens_per_sec",
+    "phase_peaks",
 )
+
+
+def phase_peaks_of(records: Iterable[TrialRecord], config: tuple[int, str]) -> dict[str, int]:
+    """Each phase of the job (eval, save) the trials of ``config`` ran: its largest peak over them."""
+    peaks: dict[str, int] = {}
+    for record in records:
+        if (record.batch_size, record.plan) == config:
+            for name, peak in (record.phase_peaks or {}).items():
+                peaks[name] = max(peaks.get(name, 0), peak)
+    return peaks
 
 
 def lengths_of(records: Iterable[TrialRecord], config: tuple[int, str]) -> tuple[int, int] | None:

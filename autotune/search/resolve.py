@@ -136,7 +136,7 @@ def resolve(
 def _study_row(spec: TuneSpec, workload: Workload, limit: Limit, space: SearchSpace) -> StudyRow:
     """The study that holds this job: keyed by the workload and everything the search was asked."""
     steps = (spec.settings.warmup_steps, spec.settings.measured_steps)
-    key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps)
+    key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps, spec.settings.phases)
     name = spec.study or default_study_name(workload, key)
     return StudyRow(name, workload.fingerprint, key, limit.budget_bytes, spec.headroom, space.as_dict())
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import TrialError
-from autotune.core.protocol import read_progress
+from autotune.core.protocol import read_phase, read_progress
 from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
 from autotune.trials._shim import descendants
 from autotune.trials.interrupts import StopRequested, TrialInterrupted
@@ -87,7 +87,12 @@ def run_process(
     shim = _start_shim(launch)
     timed_out: str | None = None
     try:  # from here on, whatever happens (a Ctrl-C included) stops the shim: no trial outlives its tuner
-        meter.start(functools.partial(descendants, shim.pid), launch.ceiling, launch.ranks)
+        meter.start(
+            functools.partial(descendants, shim.pid),
+            launch.ceiling,
+            launch.ranks,
+            functools.partial(read_phase, launch.progress_path),
+        )
         with interruptible() if interruptible is not None else nullcontext():
             timed_out = _wait(shim, launch, started, on_poll, stop, meter)
     except KeyboardInterrupt as e:

@@ -242,6 +242,7 @@ def _request(
         probe=probe,
         grad_accum=grad_accum,
         check_plans=check_plans,
+        phases=settings.phases,
     )
 
 
@@ -336,4 +337,6 @@ def _result(
         tokens_per_sec=token_throughput(report) if outcome is Outcome.COMPLETE else None,
         lengths=report.lengths if report else None,
         batch_seen=report.batch_seen if report else None,
+        phase_peaks=dict(reading.by_phase) or None,
+        phase_seconds=report.phase_seconds if report else None,
     )

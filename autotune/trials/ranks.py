@@ -112,7 +112,15 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
         ),
         lengths=_span([r.lengths for r in reports.values() if r.lengths is not None]),
         batch_seen=_largest(r.batch_seen for r in reports.values()),
+        phase_seconds=_slowest([r.phase_seconds for r in reports.values() if r.phase_seconds]),
     )
+
+
+def _slowest(phases: list[dict[str, float]]) -> dict[str, float] | None:
+    """Each phase's seconds on the rank that took longest in it."""
+    if not phases:
+        return None
+    return {name: max(p[name] for p in phases if name in p) for name in {n for p in phases for n in p}}
 
 
 def _span(lengths: list[tuple[int, int]]) -> tuple[int, int] | None:

@@ -55,6 +55,11 @@ class TrialResult:
     tokens_per_sec: float | None = None  # the median over the measured steps, for (B, T) token inputs
     lengths: tuple[int, int] | None = None  # the shortest and longest step's sequence length (token inputs)
     batch_seen: int | None = None  # the largest batch dimension the model's inputs showed
+    # the largest memory sample of each phase of the job the trial ran (eval, save: --with-eval,
+    # --with-save, autotune.phase), by phase, and the seconds each took (a phase too short for a sample has
+    # seconds and no peak; the whole run's peak_bytes still covers it)
+    phase_peaks: dict[str, int] | None = None
+    phase_seconds: dict[str, float] | None = None
 
     @property
     def batch_ignored(self) -> bool:
@@ -64,7 +69,7 @@ class TrialResult:
     @property
     def peak_phase(self) -> str | None:
         """Which phase set the peak (``core.budget.peak_phase``)."""
-        return peak_phase(self.warmup_peak_bytes, self.steady_peak_bytes)
+        return peak_phase(self.warmup_peak_bytes, self.steady_peak_bytes, self.phase_peaks)
 
     @property
     def throughput(self) -> Interval | None:
@@ -112,10 +117,19 @@ def classify(
     return Outcome.FAILED, f"exited with code {exit_info.exit_code} before any training step was reported"
 
 
-def batch_ignored(result: TrialResult) -> str:
-    """The one line a trial whose model saw batches of another size than it asked for ends a search with."""
-    assert result.batch_seen is not None
-    return f"{batch_ignored_message(result.batch_seen, result.batch_size)} (trial log: {result.log_dir})"
+PHASE_NOT_RUN = "PhaseNotRun: "  # the runtime's error for a script that did not run a phase asked for
+
+
+def misconfigured(result: TrialResult) -> str | None:
+    """The one line a trial ends a search (or ``measure``) with when the script does not do what the trial
+    asked, whatever the configuration: its model saw batches of another size, or it never ran a phase
+    asked for (--with-eval, --with-save). None for any other trial."""
+    if result.batch_ignored:
+        assert result.batch_seen is not None
+        return f"{batch_ignored_message(result.batch_seen, result.batch_size)} (trial log: {result.log_dir})"
+    if result.outcome is Outcome.FAILED and (result.error or "").startswith(PHASE_NOT_RUN):
+        return f"{(result.error or '')[len(PHASE_NOT_RUN) :]} (trial log: {result.log_dir})"
+    return None
 
 
 def throughput(report: TrialReport | None) -> Interval | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.core.errors import InputError
+from autotune.core.protocol import PHASES
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,15 @@ class TrialSettings:
     # at most this many warm-up steps: a first measured step that is an outlier (SETTLE_FACTOR times the
     # median of the others) becomes warm-up until then (autotune.runtime.trial)
     warmup_max: int = 8
+    # phases of the job to run once after the measured steps (--with-eval, --with-save: core.protocol.PHASES),
+    # each measured, its peak counted against the budget like the steps'
+    phases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "phases", tuple(self.phases))  # a job's stored settings give a list
+        unknown = [p for p in self.phases if p not in PHASES]
+        if unknown:
+            raise InputError(f"unknown phase {unknown[0]!r}: one of {', '.join(PHASES)}")
         if self.warmup_steps < 1:
             raise InputError(
                 f"warm-up steps must be at least 1 (the first step includes start-up), got {self.warmup_steps}"

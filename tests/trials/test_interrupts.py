@@ -59,7 +59,7 @@ class CtrlCAsItStarts(RssMeter):
     """A real meter that sends this process a real SIGINT as it starts: the moment between the shim's start
     and the wait for it, where a Ctrl-C once left the trial running after its tuner had gone (CI saw it)."""
 
-    def start(self, processes, ceiling=None, ranks=None) -> None:
+    def start(self, processes, ceiling=None, ranks=None, phase=None) -> None:
         self.shim = processes.args[0]  # type: ignore[attr-defined]  # functools.partial(descendants, pid)
         sigint()
         super().start(processes, ceiling, ranks)
