@@ -11,8 +11,8 @@ then train with the answer (or read it in a launcher script):
     python examples/hf_trainer.py --per_device_train_batch_size $AUTOTUNE_BATCH_SIZE \\
         --gradient_accumulation_steps $AUTOTUNE_GRAD_ACCUM --recompute "$AUTOTUNE_PLAN"
 
-With ``--eval_steps N`` the Trainer evaluates every N steps on a held-out set (``--per_device_eval_batch_size``,
-its logits gathered as a Trainer does by default); ``autotune run --with-eval --with-save`` makes each trial
+With ``--eval_steps N`` the Trainer evaluates every N steps on a held-out set (``--per_device_eval_batch_size``;
+its token accuracy needs every logit, which the Trainer gathers in memory); ``autotune run --with-eval --with-save`` makes each trial
 also evaluate once and save a checkpoint once after its measured steps, so the answer fits those too.
 
 Inside a trial autotune counts the Trainer's optimizer steps (each one ``batch x accumulation`` samples) and
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -41,6 +42,12 @@ class RandomTokens(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+def token_accuracy(prediction: Any) -> dict[str, float]:
+    """The share of next tokens predicted right (a metric needs the logits: the Trainer keeps them all)."""
+    logits, labels = prediction.predictions, prediction.label_ids
+    return {"accuracy": float((logits[:, :-1].argmax(-1) == labels[:, 1:]).mean())}
 
 
 def main() -> None:
@@ -91,7 +98,13 @@ def main() -> None:
     samples = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     data = RandomTokens(max(samples, 1), args.seq, config.vocab_size)
     held_out = RandomTokens(args.eval_samples, args.seq, config.vocab_size) if args.eval_samples else None
-    trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out)
+    trainer = Trainer(
+        model=model,
+        args=training,
+        train_dataset=data,
+        eval_dataset=held_out,
+        compute_metrics=token_accuracy,  # the Trainer gathers every logit of the held-out set for it
+    )
     metrics = trainer.train().metrics
     print(f"train_samples_per_second={metrics['train_samples_per_second']}")
 

@@ -126,6 +126,21 @@ class _Sampler:
     def at_step(self, steps: int, phase: str | None = None) -> None:
         self._step, self._phase = steps, phase
 
+    def start(
+        self,
+        processes: Processes,
+        ceiling: int | None = None,
+        ranks: Ranks | None = None,
+        phase: PhaseSource | None = None,
+    ) -> None:
+        """Measure a new trial (see MemoryMeter.start): the meter's state for it, then the sampling."""
+        self.reset(processes, ranks)
+        self.start_sampling(ceiling, phase)
+
+    def reset(self, processes: Processes, ranks: Ranks | None) -> None:
+        """The meter's own state for a new trial of ``processes``."""
+        raise NotImplementedError
+
     def start_sampling(self, ceiling: int | None, phase: PhaseSource | None = None) -> None:
         self._done = threading.Event()  # a meter measures one trial after another: nothing carries over
         self.over = threading.Event()
@@ -180,16 +195,9 @@ class RssMeter(_Sampler):
         self._rank_peaks: dict[int, int] = {}
         self._now = 0
 
-    def start(
-        self,
-        processes: Processes,
-        ceiling: int | None = None,
-        ranks: Ranks | None = None,
-        phase: PhaseSource | None = None,
-    ) -> None:
+    def reset(self, processes: Processes, ranks: Ranks | None) -> None:
         """``ranks``: a multi-process trial (torchrun); its ceiling is then a rank's, its launcher no rank."""
         self._pids, self._ranks, self._peak, self._processes, self._rank_peaks = processes, ranks, 0, 0, {}
-        self.start_sampling(ceiling, phase)
 
     def sampled_peak(self) -> int:
         if self._ranks is not None:  # the launcher's own memory is no rank's
@@ -318,18 +326,11 @@ class NvmlMeter(_Sampler):
         memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index], version=self._nvml.nvmlMemory_v2)
         return int(memory.used)
 
-    def start(
-        self,
-        processes: Processes,
-        ceiling: int | None = None,
-        ranks: Ranks | None = None,
-        phase: PhaseSource | None = None,
-    ) -> None:
+    def reset(self, processes: Processes, ranks: Ranks | None) -> None:
         self._pids, self._ranks = processes, ranks
         self._peaks = [0] * len(self._handles)
         self._trial_pids, self._foreign_pids, self._device_of = set(), set(), {}
         self._baseline = [self._used(i) for i in range(len(self._handles))]
-        self.start_sampling(ceiling, phase)
 
     def _above(self, index: int) -> int:
         return max(self._peaks[index] - self._baseline[index], 0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,6 @@ def hook_hf_trainer(module: Any, trial: _Trial) -> None:
 
     trainer_class = module.Trainer
     evaluate, save, init = trainer_class.evaluate, trainer_class._save_checkpoint, trainer_class.__init__
-
-    @functools.wraps(evaluate)
-    def evaluate_in_phase(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with phase("eval"):
-            return evaluate(self, *args, **kwargs)
 
     @functools.wraps(save)
     def save_in_phase(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +86,7 @@ def hook_hf_trainer(module: Any, trial: _Trial) -> None:
         init(self, *args, **kwargs)
         self.add_callback(PhasesDue(self))
 
-    trainer_class.evaluate = evaluate_in_phase
+    trainer_class.evaluate = in_phase(evaluate, "eval")
     trainer_class._save_checkpoint = save_in_phase
     trainer_class.__init__ = init_with_phases
 
@@ -127,30 +123,28 @@ def hook_lightning_loop(module: Any, trial: _Trial) -> None:
 
 def hook_lightning_evaluation(module: Any, trial: _Trial) -> None:
     """A validation run (the sanity check's too) is the eval phase; a test run is not."""
-    loop_class = module._EvaluationLoop
-    run = loop_class.run
-
-    @functools.wraps(run)
-    def run_in_phase(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not (self.trainer.validating or self.trainer.sanity_checking):
-            return run(self, *args, **kwargs)
-        with phase("eval"):
-            return run(self, *args, **kwargs)
-
-    loop_class.run = run_in_phase
+    loop = module._EvaluationLoop
+    loop.run = in_phase(
+        loop.run, "eval", lambda self: self.trainer.validating or self.trainer.sanity_checking
+    )
 
 
 def hook_lightning_trainer(module: Any, trial: _Trial) -> None:
     """``Trainer.save_checkpoint`` is the save phase (a ModelCheckpoint's save, and the trial's)."""
-    trainer_class = module.Trainer
-    save = trainer_class.save_checkpoint
+    module.Trainer.save_checkpoint = in_phase(module.Trainer.save_checkpoint, "save")
 
-    @functools.wraps(save)
-    def save_in_phase(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with phase("save"):
-            return save(self, *args, **kwargs)
 
-    trainer_class.save_checkpoint = save_in_phase
+def in_phase(method: Callable[..., Any], name: str, when: Callable[[Any], bool] | None = None) -> Any:
+    """``method`` run inside ``autotune.phase(name)`` (only where ``when(self)``, if given)."""
+
+    @functools.wraps(method)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if when is not None and not when(self):
+            return method(self, *args, **kwargs)
+        with phase(name):
+            return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 HOOKS = {

@@ -5,6 +5,7 @@ too; the trial's checkpoint never lands in the user's output directory."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from autotune.trials.measurement import measure_spec
 from autotune.trials.result import TrialResult, misconfigured
 from autotune.trials.settings import TrialSettings
 
-from conftest import MiB
+from conftest import DETERMINISTIC_CPU_ALLOCATOR, MiB
 
 pytestmark = pytest.mark.compat
 
@@ -35,28 +36,27 @@ SETTINGS = dict(warmup_steps=1, measured_steps=2)
 def trainer(tmp_path: Path, phases: tuple[str, ...], *options: str) -> TrialResult:
     command = [sys.executable, str(EXAMPLES / "hf_trainer.py"), "--seq", "64"]
     command += ["--per_device_train_batch_size", "{batch_size}", "--output_dir", str(tmp_path / "output")]
-    command += ["--per_device_eval_batch_size", "64", "--eval_samples", "512", *options]
-    spec = measure_spec(
-        command,
-        8,
-        device="cpu",
-        cache_dir=tmp_path / "cache",
-        settings=TrialSettings(**SETTINGS, phases=phases),
-    )
-    return api.measure(spec)
+    command += ["--per_device_eval_batch_size", "64", "--eval_samples", "512", *options]  # the last one wins
+    return _measure(tmp_path, phases, command)
 
 
 def lightning(tmp_path: Path, phases: tuple[str, ...], *options: str) -> TrialResult:
-    command = [sys.executable, str(EXAMPLES / "lightning_module.py"), "--seq", "64"]
-    command += ["--batch-size", "{batch_size}", *options]
-    spec = measure_spec(
-        command,
-        8,
-        device="cpu",
-        cache_dir=tmp_path / "cache",
-        settings=TrialSettings(**SETTINGS, phases=phases),
+    command = [
+        sys.executable,
+        str(EXAMPLES / "lightning_module.py"),
+        "--seq",
+        "64",
+        "--batch-size",
+        "{batch_size}",
+    ]
+    return _measure(tmp_path, phases, [*command, *options])
+
+
+def _measure(tmp_path: Path, phases: tuple[str, ...], command: list[str]) -> TrialResult:
+    settings = TrialSettings(**SETTINGS, phases=phases)
+    return api.measure(
+        measure_spec(command, 8, device="cpu", cache_dir=tmp_path / "cache", settings=settings)
     )
-    return api.measure(spec)
 
 
 def test_a_trainer_evaluates_and_saves_once_after_the_steps_each_measured_outside_the_user_s_folder(
