@@ -2,6 +2,7 @@
 an argparse option that the script may ignore: what autotune counts from the model's inputs.
 
     python inputs.py [--batch-size 32] [--layout rows|seq-first|kwargs|tokens] [--lengths 8-64] [--seed 0]
+                     [--vocab 100] [--steps N]
 
 Each step draws its sequence length from --lengths, or takes the longest where autotune.worst_case() is true.
 """
@@ -42,10 +43,10 @@ class SeqFirst(nn.Module):
 class Tokens(nn.Module):
     """Token ids (B, T), taken as Hugging Face models take them: ``model(input_ids=...)`` or positionally."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab: int = VOCAB) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB)
+        self.embed = nn.Embedding(vocab, WIDTH)
+        self.head = nn.Linear(WIDTH, vocab)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         logits = self.head(self.embed(input_ids))
@@ -58,13 +59,14 @@ def main() -> None:
     p.add_argument("--layout", choices=("rows", "seq-first", "kwargs", "tokens"), default="rows")
     p.add_argument("--lengths", default=f"{SEQ}-{SEQ}", help="LO-HI: each step draws its sequence length")
     p.add_argument("--steps", type=int, default=10**9)
+    p.add_argument("--vocab", type=int, default=VOCAB, help="token layouts: the logits' width")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
     draw = random.Random(args.seed)
     low, high = (int(v) for v in args.lengths.split("-"))
     b = args.batch_size
-    model = {"rows": Rows, "seq-first": SeqFirst}.get(args.layout, Tokens)()
+    model = Rows() if args.layout == "rows" else SeqFirst() if args.layout == "seq-first" else Tokens(args.vocab)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.steps):
         length = high if autotune.worst_case() else draw.randint(low, high)  # padded to the longest
@@ -73,7 +75,7 @@ def main() -> None:
         elif args.layout == "seq-first":
             loss = model(torch.randn(length, b, FEATURES))
         else:
-            ids = torch.randint(0, VOCAB, (b, length))
+            ids = torch.randint(0, args.vocab, (b, length))
             loss = (
                 model(input_ids=ids, attention_mask=torch.ones_like(ids))
                 if args.layout == "kwargs"
