@@ -53,10 +53,11 @@ def lightning(tmp_path: Path, phases: tuple[str, ...], *options: str) -> TrialRe
 
 
 def _measure(tmp_path: Path, phases: tuple[str, ...], command: list[str]) -> TrialResult:
+    """One trial; glibc returns what the evaluation freed to the system at once (by default it may keep it
+    for the next steps, whose samples would then read the evaluation's memory)."""
     settings = TrialSettings(**SETTINGS, phases=phases)
-    return api.measure(
-        measure_spec(command, 8, device="cpu", cache_dir=tmp_path / "cache", settings=settings)
-    )
+    spec = measure_spec(command, 8, device="cpu", cache_dir=tmp_path / "cache", settings=settings)
+    return api.measure(spec, environ={**os.environ, **DETERMINISTIC_CPU_ALLOCATOR})
 
 
 def test_a_trainer_evaluates_and_saves_once_after_the_steps_each_measured_outside_the_user_s_folder(

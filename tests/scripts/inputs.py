@@ -66,7 +66,9 @@ def main() -> None:
     draw = random.Random(args.seed)
     low, high = (int(v) for v in args.lengths.split("-"))
     b = args.batch_size
-    model = Rows() if args.layout == "rows" else SeqFirst() if args.layout == "seq-first" else Tokens(args.vocab)
+    model = (
+        Rows() if args.layout == "rows" else SeqFirst() if args.layout == "seq-first" else Tokens(args.vocab)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.steps):
         length = high if autotune.worst_case() else draw.randint(low, high)  # padded to the longest
