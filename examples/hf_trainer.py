@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=1000)
     parser.add_argument("--seq", type=int, default=256, help="sequence length")
     parser.add_argument("--recompute", default="", help="a recompute plan to apply (AUTOTUNE_PLAN's form)")
+    parser.add_argument(
+        "--gradient_checkpointing", action="store_true", help="the Trainer's own: every layer recomputed"
+    )
     parser.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps (0: never)")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=8)
     parser.add_argument("--eval_samples", type=int, default=256, help="the held-out set's size")
@@ -83,6 +86,7 @@ def main() -> None:
         output_dir=args.output_dir,
         per_device_train_batch_size=args.per_device_train_batch_size,
         per_device_eval_batch_size=args.per_device_eval_batch_size,
+        gradient_checkpointing=args.gradient_checkpointing,
         eval_strategy="steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
         gradient_accumulation_steps=args.gradient_accumulation_steps,

@@ -139,6 +139,8 @@ class TorchProbeReport:
     compile_partitions: tuple[CompilePartition, ...] = ()
     compile_error: str | None = None
     gpu: bool = False  # probed on a GPU: offload plans can save device memory
+    # the checkpointing the script does by itself, in words (None: none seen): plans add to it, none keeps it
+    own_checkpointing: str | None = None
 
     backend = Backend.TORCH
 
@@ -164,6 +166,7 @@ class TorchProbeReport:
             ),
             compile_error=data.get("compile_error"),
             gpu=bool(data.get("gpu", False)),
+            own_checkpointing=data.get("own_checkpointing"),
         )
 
     def compile_partition(self, ratio: float) -> CompilePartition | None:

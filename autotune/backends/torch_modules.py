@@ -23,6 +23,11 @@ An offload rule (``Block:0.5/offload``) recomputes nothing: the chosen instances
 (pinned, on a GPU) and comes back when backward needs it. Their numbers are those of no plan.
 
 A plan's compile budget is not applied here: it is torch.compile's setting (autotune.backends.torch_compile).
+
+The script's own checkpointing (``torch.utils.checkpoint.checkpoint`` called from its modules' forwards,
+which is what Hugging Face's ``gradient_checkpointing_enable()`` does too) is counted in a trial
+(:func:`watch_own_checkpointing`): a plan then adds to it, and ``none`` keeps it, which the answer says.
+autotune's own checkpoints call the function as it was before the watch, so they are not counted.
 """
 
 from __future__ import annotations
@@ -43,6 +48,37 @@ from autotune.core.errors import InputError
 from autotune.core.plans import ModuleRule, OpPolicy, Plan
 
 _MARK = "_autotune_plan"  # set on a model once a plan has been applied to it
+_OWN_CALLS = [0]  # the script's own torch.utils.checkpoint calls so far (watch_own_checkpointing)
+
+
+def watch_own_checkpointing() -> None:
+    """From now on, count the calls the script makes to ``torch.utils.checkpoint.checkpoint`` (a module's
+    forward that checkpoints itself, a Hugging Face model after ``gradient_checkpointing_enable()``): the
+    module's function is replaced by one that counts, then calls it. A script that bound the function before
+    (``from torch.utils.checkpoint import checkpoint`` before torch's import finished) is not seen; in a trial
+    the watch goes in as torch's import ends (autotune.runtime.hooks)."""
+    module = torch.utils.checkpoint
+    if getattr(module.checkpoint, "_autotune_counts", False):
+        return
+    original = module.checkpoint
+
+    @functools.wraps(original)
+    def counted(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        _OWN_CALLS[0] += 1
+        return original(function, *args, **kwargs)
+
+    counted._autotune_counts = True  # type: ignore[attr-defined]
+    module.checkpoint = counted
+
+
+def own_checkpoint_calls() -> int:
+    """The script's own checkpoint calls counted so far (0 before :func:`watch_own_checkpointing`)."""
+    return _OWN_CALLS[0]
+
+
+def own_gradient_checkpointing(model: nn.Module) -> bool:
+    """Whether the script turned on a Hugging Face model's own gradient checkpointing (in ``model``)."""
+    return any(bool(getattr(m, "is_gradient_checkpointing", False)) for m in model.modules())
 
 
 @dataclass(frozen=True)

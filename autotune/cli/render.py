@@ -15,6 +15,7 @@ from rich.table import Table
 
 from autotune.cli.console import as_json, key_value_grid
 from autotune.cli.fit import PlanNames, plan_width
+from autotune.cli.render_trial import own_text
 from autotune.cli.tables import checks_table, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
@@ -34,6 +35,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
     best = result.best
     lengths = lengths_of(result.records, (best.batch_size, best.plan))
     phases = phase_peaks_of(result.records, (best.batch_size, best.plan))
+    own = next((r.own_checkpointing for r in result.records if r.own_checkpointing), None)
     if as_json_flag:
         out.print(as_json_text(result), markup=False)
         return
@@ -53,6 +55,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 ("trials", trials_text(result.records, result.new_trials)),
                 ("batch size", _batch_text(best.batch_size, result.grad_accum, result.global_batch)),
                 ("plan", best.plan),
+                *([("own recompute", own_text(own))] if own else []),
                 (
                     "peak",
                     f"{format_bytes(best.verified_peak_bytes)}, the largest of its trials, a longer one included "
@@ -204,6 +207,11 @@ def best(out: Console, answer: BestAnswer, fmt: str | None) -> None:
                 ("script", answer.script),
                 ("batch size", str(answer.batch_size)),
                 ("plan", answer.plan),
+                *(
+                    [("own recompute", own_text(answer.own_checkpointing))]
+                    if answer.own_checkpointing
+                    else []
+                ),
                 ("peak", format_bytes(answer.peak_bytes)),
                 ("throughput", speed_text(answer.throughput, answer.readings)),
                 *([("certainty", answer.certainty)] if answer.certainty else []),

@@ -89,6 +89,8 @@ def measured(result: TrialResult) -> str:
                 + (f" ({', '.join(unsampled)} too short for a sample)" if unsampled else ""),
             )
         )
+    if result.own_checkpointing:
+        rows.append(("own recompute", own_text(result.own_checkpointing)))
     if result.compile_cache:
         cache = result.compile_cache
         rows.append(
@@ -236,3 +238,11 @@ def doctor(out: Console, checks: list[Check], as_json_flag: bool) -> None:
         out.print(f"{'ok ' if c.ok else 'no '} {c.name}: {c.detail}", markup=False)
         if c.hint:
             out.print(f"     -> {c.hint}", markup=False)
+
+
+def own_text(own: str) -> str:
+    """What a script that checkpoints by itself is told beside a trial or an answer."""
+    return (
+        f"the script checkpoints by itself: {own}; every trial measured it on and the plan adds to it "
+        "(keep it on when you train)"
+    )

@@ -132,6 +132,8 @@ class TrialReport:
     lengths: tuple[int, int] | None = None  # the shortest and longest step's longest T, for token inputs
     batch_seen: int | None = None  # the largest batch dimension the model's inputs showed
     phase_seconds: dict[str, float] | None = None  # each phase the script ran (autotune.phase), its seconds
+    # the checkpointing the script does by itself, in words (None: none seen): a plan adds to it
+    own_checkpointing: str | None = None
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

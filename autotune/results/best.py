@@ -49,6 +49,8 @@ class BestAnswer:
     command: tuple[str, ...] = ()  # the workload's command template, or the script's arguments
     template: bool = False  # whether ``command`` is a template ({batch_size}) rather than script arguments
     outermost: tuple[str, ...] = ()  # the probe's outermost repeated classes (the model's blocks)
+    # the checkpointing the script does by itself, as the probe saw it (None: none): the plan adds to it
+    own_checkpointing: str | None = None
 
     @property
     def throughput(self) -> Interval:
@@ -111,6 +113,7 @@ def best(
         command=tuple(details.get("command") or ()),
         template=bool(details.get("is_template")),
         outermost=tuple(c["cls"] for c in probe.get("candidates", ()) if c.get("outermost")),
+        own_checkpointing=probe.get("own_checkpointing"),
         backend=Backend.parse(workload.backend) if workload is not None else Backend.TORCH,
         fingerprint=row.fingerprint if row is not None else "",
         cache=str(cache_dir(cache)),

@@ -11,7 +11,10 @@
 A plan a framework cannot express (a fraction of the blocks, an operator-level policy, an ORT plan) is given
 as the one ``autotune.prepare`` line to add and the ``AUTOTUNE_PLAN`` it reads. Hugging Face's
 ``gradient_checkpointing=True`` recomputes every decoder layer: autotune's plan says the same when it names
-the model's outermost repeated class with ratio 1 and no operator policy (or ``all``). A compile plan's
+the model's outermost repeated class with ratio 1 and no operator policy (or ``all``). Where the script
+checkpoints by itself (the probe saw it: ``gradient_checkpointing_enable()``, or ``torch.utils.checkpoint``
+in its own forwards), every trial measured it on and every plan added to it: each format says so, and
+``hf`` keeps ``gradient_checkpointing=True``. A compile plan's
 budget is one line of torch's own (``torch._functorch.config.activation_memory_budget = R`` before the
 first compiled step), given in every format: nothing of autotune is needed to apply it.
 """
@@ -93,6 +96,16 @@ def _plan_lines(answer: BestAnswer, where: str, prepare: str = PREPARE_LINE) -> 
     ]
 
 
+def _own_lines(answer: BestAnswer) -> list[str]:
+    """What the script checkpoints by itself, kept: every configuration was measured with it."""
+    if answer.own_checkpointing is None:
+        return []
+    return [
+        f"# the script checkpoints by itself ({answer.own_checkpointing}): every trial measured it on, and "
+        f"the plan {answer.plan} adds to it; keep it on (turning it off was not measured)"
+    ]
+
+
 def _header(answer: BestAnswer, framework: str) -> str:
     accum = f" x {answer.grad_accum} accumulated" if answer.grad_accum else ""
     return (
@@ -107,10 +120,14 @@ def hugging_face(answer: BestAnswer) -> str:
     if answer.grad_accum:
         fields.append(("gradient_accumulation_steps", str(answer.grad_accum)))
     none = _no_plan(answer)
-    fields.append(("gradient_checkpointing", "True" if block else "False"))
+    own = answer.own_checkpointing is not None and answer.own_checkpointing.startswith(
+        "gradient_checkpointing"
+    )
+    fields.append(("gradient_checkpointing", "True" if block or own else "False"))
     lines = [_header(answer, "Hugging Face TrainingArguments"), *(f"{k}={v}" for k, v in fields)]
     flags = " ".join(f"--{k} {v.lower() if v in ('True', 'False') else v}" for k, v in fields)
     lines.append(f"# as command-line flags: {flags}")
+    lines += _own_lines(answer)
     if block and not none:
         lines.append(f"# gradient_checkpointing recomputes every {block}: the plan {answer.plan}")
     elif not none:
@@ -125,6 +142,7 @@ def lightning(answer: BestAnswer) -> str:
         f"DataLoader(..., batch_size={answer.batch_size})  # in train_dataloader(): the batch per device",
     ]
     block = every_block(answer)
+    lines += _own_lines(answer)
     if block and answer.outermost:
         lines.append(f"# with FSDPStrategy, activation_checkpointing_policy={{{block}}} is the same plan")
     lines += _plan_lines(
@@ -148,7 +166,7 @@ def command_line(answer: BestAnswer) -> str:
         exports = answer.env()
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
     line = f"{prefix} {shlex.join(words)}" if prefix else shlex.join(words)
-    lines = [_header(answer, "the tuned command"), line]
+    lines = [_header(answer, "the tuned command"), line, *_own_lines(answer)]
     if exports.get(PLAN_ENV, "none") != "none" and answer.template:
         lines.insert(1, f"# the script applies the plan with one line: {PREPARE_LINE}")
     return "\n".join(lines + [f"# {line}" for line in compile_setting(answer)])

@@ -89,6 +89,9 @@ def _install_torch_hooks(torch: Any) -> None:
 
     if trial.request.backend is Backend.TORCH:
         _hook_compile(torch, trial)
+        from autotune.backends.torch_modules import watch_own_checkpointing
+
+        watch_own_checkpointing()  # the script's own checkpointing: a plan adds to it, none keeps it
 
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     module_module = importlib.import_module("torch.nn.modules.module")

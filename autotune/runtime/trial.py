@@ -158,6 +158,7 @@ class _Trial:
         self.phases_done: set[str] = set()  # asked, and run after the measured steps
         self.extra_steps = 0  # training steps past the measured ones, while phases are due
         self.last_phase: str | None = None  # after the measured steps: the phase the meter files under
+        self.own_hf_checkpointing = False  # the script turned a Hugging Face model's own checkpointing on
 
     def forward(self, inputs: Inputs | None = None) -> None:
         """One forward of the model being trained (the hooks call it), with what its inputs showed."""
@@ -319,13 +320,30 @@ class _Trial:
             lengths=(min(self.step_lengths), max(self.step_lengths)) if self.step_lengths else None,
             batch_seen=self.batch_seen,
             phase_seconds=dict(self.phase_seconds) or None,
+            own_checkpointing=self._own_checkpointing(),
         ).write(self.report_path)
+
+    def _own_checkpointing(self, counted: bool = True) -> str | None:
+        """What checkpointing the script does by itself, in words (None: none seen): every plan adds to it,
+        and ``none`` keeps it (autotune.backends.torch_modules.watch_own_checkpointing). ``counted``: with
+        the calls a step (not in a probe, whose plan checks run the model's forward too)."""
+        modules = sys.modules.get("autotune.backends.torch_modules")
+        calls = modules.own_checkpoint_calls() if modules is not None else 0
+        per_step = (
+            f" ({calls / max(self.steps, 1):.3g} torch.utils.checkpoint calls a step)" if counted else ""
+        )
+        if self.own_hf_checkpointing:
+            return f"gradient_checkpointing_enable() on the model{per_step}"
+        return f"torch.utils.checkpoint in its own forwards{per_step}" if calls else None
 
     def _probe_result(self) -> dict[str, Any] | None:
         if self.probe is None:
             return None
         self.probe.optimizer = self.optimizer
-        return dict(self.probe.result().to_json())
+        data = dict(self.probe.result().to_json())
+        if self.request.backend is Backend.TORCH:
+            data["own_checkpointing"] = self._own_checkpointing(counted=False)  # its checks call it too
+        return data
 
     def conclude(self, error: BaseException | None) -> int:
         """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code.
@@ -446,6 +464,9 @@ def prepare(model: M) -> M:
     from autotune.backends.torch_modules import apply_plan, find_candidates  # torch: only once a model exists
 
     if trial is not None:
+        from autotune.backends.torch_modules import own_gradient_checkpointing
+
+        trial.own_hf_checkpointing = own_gradient_checkpointing(model)  # type: ignore[arg-type]
         trial.candidates = [asdict(c.summary()) for c in find_candidates(model)]  # type: ignore[arg-type]
         if trial.request.probe:
             from autotune.backends.torch_probe import Probe

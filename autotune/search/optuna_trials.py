@@ -142,5 +142,6 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "batch_seen": result.batch_seen,
         **({"phase_peaks": result.phase_peaks} if result.phase_peaks else {}),
         **({"phase_seconds": result.phase_seconds} if result.phase_seconds else {}),
+        **({"own_checkpointing": result.own_checkpointing} if result.own_checkpointing else {}),
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

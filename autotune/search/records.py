@@ -73,6 +73,7 @@ class TrialRecord:
     load: Load | None = None  # how busy the machine was while it ran
     # each phase of the job it ran after its steps (eval, save): its largest memory sample
     phase_peaks: dict[str, int] | None = None
+    own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -167,6 +168,7 @@ _ATTRS = (
     "memory_method",
     "tokens_per_sec",
     "phase_peaks",
+    "own_checkpointing",
 )
 
 

@@ -339,4 +339,5 @@ def _result(
         batch_seen=report.batch_seen if report else None,
         phase_peaks=dict(reading.by_phase) or None,
         phase_seconds=report.phase_seconds if report else None,
+        own_checkpointing=report.own_checkpointing if report else None,
     )

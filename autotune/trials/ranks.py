@@ -113,6 +113,7 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
         lengths=_span([r.lengths for r in reports.values() if r.lengths is not None]),
         batch_seen=_largest(r.batch_seen for r in reports.values()),
         phase_seconds=_slowest([r.phase_seconds for r in reports.values() if r.phase_seconds]),
+        own_checkpointing=first.own_checkpointing if first else None,
     )
 
 

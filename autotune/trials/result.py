@@ -60,6 +60,9 @@ class TrialResult:
     # seconds and no peak; the whole run's peak_bytes still covers it)
     phase_peaks: dict[str, int] | None = None
     phase_seconds: dict[str, float] | None = None
+    # the checkpointing the script does by itself, in words (None: none seen): the plan adds to it, and
+    # plan none keeps it
+    own_checkpointing: str | None = None
 
     @property
     def batch_ignored(self) -> bool:

@@ -59,3 +59,27 @@ def test_a_trainer_that_ignores_the_asked_accumulation_fails_saying_so() -> None
         "(--gradient_accumulation_steps {grad_accum} for a Trainer) or accumulate autotune.grad_accum() "
         "micro-batches"
     )
+
+
+def test_a_trainer_s_own_gradient_checkpointing_is_said_and_kept_in_the_answer(tmp_path: Path) -> None:
+    """The user's gradient_checkpointing=True (the Trainer calls gradient_checkpointing_enable()): the trial
+    and the answer say so, and best --format hf keeps it on (it printed gradient_checkpointing=False)."""
+    from autotune.results.formats import render
+    from autotune.search.spec import tune_spec
+
+    command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
+    command.append("--gradient_checkpointing")
+    spec = tune_spec(
+        command, "4GiB", batch_sizes="2", plans=["none"], trials=1, device="cpu", cache_dir=tmp_path,
+        settings=TrialSettings(warmup_steps=1, measured_steps=2),
+    )  # fmt: skip
+    result = api.tune(spec)
+    owns = {r.own_checkpointing for r in result.records if r.outcome is Outcome.COMPLETE}
+    assert len(owns) == 1 and next(iter(owns), "").startswith(
+        "gradient_checkpointing_enable() on the model ("
+    ), owns
+    answer = api.best(study=result.study_name, cache_dir=tmp_path)
+    assert (
+        answer.own_checkpointing == "gradient_checkpointing_enable() on the model"
+    )  # the probe's, uncounted
+    assert "gradient_checkpointing=True" in render(answer, "hf").splitlines()
