@@ -27,13 +27,14 @@ plan the probe looked at is listed with the reason it was left out.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 from autotune.backends import ort_plans
 from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.core.budget import format_bytes
 from autotune.core.errors import InputError
-from autotune.core.plans import OP_KINDS, ModuleRule, OpPolicy, Plan, parse_plan
+from autotune.core.plans import OP_KINDS, OWN_OFF, ModuleRule, OpPolicy, Plan, parse_plan
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
 EXPENSIVE = ("attention", "conv", "matmul")  # what the selective policy keeps, where a block has them
@@ -123,12 +124,25 @@ def forward_share(data: ProbeReport, plan: str) -> float | None:
     parsed = parse_plan(plan)
     if parsed.compile_budget is not None:
         return None  # the partitioner's choice of ops: not timed by the probe
+    if parsed.own_off:  # negative: what the script's own checkpointing repeats is no longer repeated
+        rest = forward_share(data, str(dataclasses.replace(parsed, own_off=False))) or 0.0
+        return rest - _own_share(data)
     for name, rule in _chosen(data, parsed).items():
         recomputed = 0.0 if rule.offload else 1.0
         if rule.ops is not None and op_total > 0:
             recomputed = sum(t for kind, t in data.op_seconds.items() if not rule.ops.saves(kind)) / op_total
         seconds += instances[name].forward_seconds * recomputed
     return min(seconds / data.forward_seconds, 1.0)
+
+
+def _own_share(data: TorchProbeReport) -> float:
+    """The share of the forward pass the script's own checkpointing repeats: a Hugging Face model's switch
+    checkpoints its layers, the outermost repeated class; calls of its own, anything up to all of it."""
+    if not (data.own_checkpointing or "").startswith("gradient_checkpointing"):
+        return 1.0
+    outermost = {c.cls for c in data.candidates if c.outermost}
+    seconds = sum(i.forward_seconds for i in data.instances if i.cls in outermost)
+    return min(seconds / data.forward_seconds, 1.0) if data.forward_seconds else 1.0
 
 
 def rows(data: ProbeReport) -> list[ProbeRow]:
@@ -151,6 +165,12 @@ def rows(data: ProbeReport) -> list[ProbeRow]:
     for region in (c for c in data.candidates if c.outermost):
         members = [i for i in data.instances if i.cls == region.cls]
         out += _operator_rows(data, region.cls, members)
+    if data.own_checkpointing:
+        out.append(
+            _row(
+                data, "own", OWN_OFF, 1, 0.0, f"the script's own checkpointing off: {data.own_checkpointing}"
+            )
+        )
     for region in (c for c in data.candidates if c.outermost):
         row = _row(
             data, "offload", f"{region.cls}:1/offload", region.count, 0.0, "saved tensors in host memory"
@@ -216,17 +236,18 @@ def plans_to_check(data: TorchProbeReport) -> tuple[str, ...]:
     searched = {
         r.plan
         for r in table
-        if r.level in ("module", "offload", "compile") or "/save=" in r.plan
+        if r.level in ("module", "offload", "compile", "own") or "/save=" in r.plan
         if not r.excluded.startswith(("same partition", GPU_ONLY))
     }
-    return tuple(r.plan for r in table if r.plan in searched and r.saving_bytes > 0)
+    return tuple(r.plan for r in table if r.plan in searched and (r.saving_bytes > 0 or r.level == "own"))
 
 
 def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """The plans a search uses when the user names none, in the order its frontier visits them, and the
     plans left out with why.
 
-    Order: none; the outermost classes in full; the selective operator-level plan of each; the outermost
+    Order: none; for a script that checkpoints by itself, its own checkpointing off (own:off); the
+    outermost classes in full; the selective operator-level plan of each; the outermost
     classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
     each distinct compile budget, largest first; on a GPU, offloading the outermost classes. Left out: a
     plan predicted to save nothing, one that failed the probe's correctness check (its ratios with it), a
@@ -243,11 +264,12 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     nested = [f"{c.cls}:1" for c in data.candidates if not c.outermost]
     compiled = sorted((p for p in table if p.startswith("compile:")), key=lambda p: -float(p.split(":")[1]))
     offload = [p for p in table if p.endswith("/offload")]
+    own = [OWN_OFF] if OWN_OFF in table else []  # right after none: the plan that may be fastest of all
     plans, excluded = ["none"], {}
     if data.compiles and data.compile_error:
         excluded["compile:*"] = f"torch's partitioner could not be asked: {data.compile_error}"
     for plan in dict.fromkeys(
-        str(parse_plan(p)) for p in [*full, *selective, *ratios, *nested, *compiled, *offload]
+        str(parse_plan(p)) for p in [*own, *full, *selective, *ratios, *nested, *compiled, *offload]
     ):
         row = table.get(plan) or table[f"{parse_plan(plan).rules[0].cls}:1"]  # a ratio: as its class
         if plan not in table and row.excluded:
@@ -351,7 +373,11 @@ def _row(
 ) -> ProbeRow:
     saving = predicted_saving(data, parse_plan(plan))
     check = next((c for c in data.checks if c.plan == plan), None)
-    if saving <= 0:
+    if level == "own":  # it keeps more than none, to recompute less: a question of speed, not of memory
+        excluded = check.reason if check is not None and not check.ok else ""
+        if data.checks and check is None:
+            excluded = "not checked against no plan"
+    elif saving <= 0:
         excluded = (
             "predicted to save nothing" if saving == 0 else f"predicted to cost {format_bytes(-saving)}"
         )

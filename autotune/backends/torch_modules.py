@@ -49,6 +49,9 @@ from autotune.core.plans import ModuleRule, OpPolicy, Plan
 
 _MARK = "_autotune_plan"  # set on a model once a plan has been applied to it
 _OWN_CALLS = [0]  # the script's own torch.utils.checkpoint calls so far (watch_own_checkpointing)
+_OWN_OFF = [False]  # own:off applied: the script's own checkpoint calls run their function as it is
+# torch.utils.checkpoint.checkpoint's own keyword arguments; the rest go to the checkpointed function
+_CHECKPOINT_KWARGS = ("use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state")
 
 
 def watch_own_checkpointing() -> None:
@@ -64,11 +67,27 @@ def watch_own_checkpointing() -> None:
 
     @functools.wraps(original)
     def counted(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if _OWN_OFF[0]:  # own:off: the plain call (the numbers are the checkpoint's: it recomputes them)
+            return function(*args, **{k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS})
         _OWN_CALLS[0] += 1
         return original(function, *args, **kwargs)
 
     counted._autotune_counts = True  # type: ignore[attr-defined]
     module.checkpoint = counted
+
+
+def _own_off(model: nn.Module) -> None:
+    """``own:off``: the script's own checkpointing off. A Hugging Face model's through its own per-layer
+    switch (what ``gradient_checkpointing_disable()`` turns off, without its deprecation warning); any other
+    ``torch.utils.checkpoint.checkpoint`` call the script makes runs its function as it is (the watch goes
+    in now if it was not: outside a trial, a script that bound the function before is not reached)."""
+    watch_own_checkpointing()
+    _OWN_OFF[0] = True
+    for module in model.modules():
+        if (
+            getattr(module, "gradient_checkpointing", None) is True
+        ):  # what the switch turns off, layer by layer
+            setattr(module, "gradient_checkpointing", False)  # noqa: B010 (nn.Module's typed __setattr__)
 
 
 def own_checkpoint_calls() -> int:
@@ -77,8 +96,9 @@ def own_checkpoint_calls() -> int:
 
 
 def own_gradient_checkpointing(model: nn.Module) -> bool:
-    """Whether the script turned on a Hugging Face model's own gradient checkpointing (in ``model``)."""
-    return any(bool(getattr(m, "is_gradient_checkpointing", False)) for m in model.modules())
+    """Whether the script turned on a Hugging Face model's own gradient checkpointing (in ``model``): a
+    module's ``gradient_checkpointing`` switch is on (read before a plan sets any)."""
+    return any(getattr(m, "gradient_checkpointing", None) is True for m in model.modules())
 
 
 @dataclass(frozen=True)
@@ -196,7 +216,9 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
             # function that only calls it.
             setattr(module, "gradient_checkpointing", True)  # noqa: B010 (nn.Module's typed __setattr__)
             setattr(module, "_gradient_checkpointing_func", _call)  # noqa: B010
-    applied = Plan(rules=tuple(sorted(rules)), compile_budget=plan.compile_budget)
+    if plan.own_off:
+        _own_off(model)
+    applied = Plan(rules=tuple(sorted(rules)), compile_budget=plan.compile_budget, own_off=plan.own_off)
     setattr(model, _MARK, applied)
     return applied
 
@@ -210,9 +232,11 @@ def plan_applied(model: nn.Module, plan: Plan) -> Iterator[Plan]:
         for name, module in model.named_modules()
     }
     had_mark = hasattr(model, _MARK)
+    own_off = _OWN_OFF[0]
     try:
         yield apply_plan(model, plan)
     finally:
+        _OWN_OFF[0] = own_off
         for name, module in model.named_modules():
             for attr in _SET_ATTRS:
                 if attr in saved[name]:

@@ -69,6 +69,7 @@ class Probe:
         self.compiles = False  # the script called torch.compile (the trial tells: after_step)
         self.compile_partitions: list[CompilePartition] = []
         self.compile_error: str | None = None
+        self.own_checkpointing: str | None = None  # the script's own (the trial tells: after_step)
         self._attach()
 
     def _attach(self) -> None:
@@ -87,6 +88,7 @@ class Probe:
         self.paused, trial.counting = True, False
         try:
             self.compiles = bool(getattr(trial, "compiled", False))
+            self.own_checkpointing = trial.own_checkpointing(counted=False)  # own:off is then checked too
             if self.compiles:
                 self._ask_partitioner()
             plans = dict.fromkeys([*plans_to_check(self.result()), *self.extra_checks])
@@ -206,6 +208,7 @@ class Probe:
             compile_partitions=tuple(self.compile_partitions),
             compile_error=self.compile_error,
             gpu=torch.cuda.is_available() and torch.cuda.is_initialized(),
+            own_checkpointing=self.own_checkpointing,
         )
 
 

@@ -55,7 +55,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 ("trials", trials_text(result.records, result.new_trials)),
                 ("batch size", _batch_text(best.batch_size, result.grad_accum, result.global_batch)),
                 ("plan", best.plan),
-                *([("own recompute", own_text(own))] if own else []),
+                *([("own recompute", own_text(own, best.plan))] if own else []),
                 (
                     "peak",
                     f"{format_bytes(best.verified_peak_bytes)}, the largest of its trials, a longer one included "
@@ -208,7 +208,7 @@ def best(out: Console, answer: BestAnswer, fmt: str | None) -> None:
                 ("batch size", str(answer.batch_size)),
                 ("plan", answer.plan),
                 *(
-                    [("own recompute", own_text(answer.own_checkpointing))]
+                    [("own recompute", own_text(answer.own_checkpointing, answer.plan))]
                     if answer.own_checkpointing
                     else []
                 ),

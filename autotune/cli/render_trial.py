@@ -10,6 +10,7 @@ from autotune.backends import probe
 from autotune.backends.probe_report import OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.cli.console import as_json, key_values
 from autotune.core.budget import format_bytes, signed_bytes
+from autotune.core.plans import OWN_OFF
 from autotune.core.protocol import Outcome
 from autotune.hardware.doctor import Check
 from autotune.runtime.inputs import varied_lengths
@@ -90,7 +91,7 @@ def measured(result: TrialResult) -> str:
             )
         )
     if result.own_checkpointing:
-        rows.append(("own recompute", own_text(result.own_checkpointing)))
+        rows.append(("own recompute", own_text(result.own_checkpointing, result.plan)))
     if result.compile_cache:
         cache = result.compile_cache
         rows.append(
@@ -240,9 +241,8 @@ def doctor(out: Console, checks: list[Check], as_json_flag: bool) -> None:
             out.print(f"     -> {c.hint}", markup=False)
 
 
-def own_text(own: str) -> str:
-    """What a script that checkpoints by itself is told beside a trial or an answer."""
-    return (
-        f"the script checkpoints by itself: {own}; every trial measured it on and the plan adds to it "
-        "(keep it on when you train)"
-    )
+def own_text(own: str, plan: str) -> str:
+    """What a script that checkpoints by itself is told beside a trial or an answer of ``plan``."""
+    if OWN_OFF in plan.split(","):
+        return f"the script checkpoints by itself: {own}; the plan turns it off (train with it off)"
+    return f"the script checkpoints by itself: {own}; the plan adds to it, none keeps it (keep it on)"

@@ -22,6 +22,10 @@ can name stored trials::
                              budget (``torch._functorch.config.activation_memory_budget``), set before the
                              first compilation: 1 is torch's default, 0 recomputes all it can. Combinable
                              with module rules (``Block:1,compile:0.5``)
+    own:off                  for a script that checkpoints by itself (Hugging Face's
+                             gradient_checkpointing_enable(), torch.utils.checkpoint in its own forwards):
+                             its own checkpointing off, the checkpointed functions called as they are;
+                             ``none`` keeps it. Combinable with module rules (``Block:0.5,own:off``)
     Block:1|Block:0.5|none   a plan per rank of a multi-process job, in rank order: rank 0 checkpoints every
                              Block, rank 1 half of them, rank 2 nothing (a pipeline's first stages keep
                              more activations than its last). ``autotune.prepare`` applies the entry of
@@ -29,7 +33,7 @@ can name stored trials::
 
 Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
-``compile`` is a word of the grammar, not a class name. Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
+``compile`` and ``own`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
 in module order are checkpointed (at least one for any ratio > 0).
 
 This module imports no torch: plans are parsed and printed by commands that run no trial.
@@ -37,6 +41,7 @@ This module imports no torch: plans are parsed and printed by commands that run 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -66,6 +71,7 @@ _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 OP_KINDS = ("matmul", "conv", "attention", "softmax", "dropout", "activation", "norm", "elementwise")
 _RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
 COMPILE = "compile"  # the plan word for torch.compile's activation memory budget
+OWN_OFF = "own:off"  # the plan words for the script's own checkpointing, off
 
 
 @dataclass(frozen=True, order=True)
@@ -127,6 +133,7 @@ class Plan:
     ranks: tuple[Plan, ...] = ()  # a plan per rank (rank order); rules and everything unset then
     # torch.compile's activation memory budget (0-1) for a script that compiles; None: torch's own (1)
     compile_budget: float | None = None
+    own_off: bool = False  # the script's own checkpointing off (``own:off``)
 
     def __post_init__(self) -> None:
         budget = self.compile_budget
@@ -177,6 +184,7 @@ class Plan:
             not self.rules
             and not self.everything
             and self.compile_budget is None
+            and not self.own_off
             and all(p.is_none for p in self.ranks)
         )
 
@@ -191,6 +199,8 @@ class Plan:
         parts = ["all"] if self.everything else [str(rule) for rule in self.rules]
         if self.compile_budget is not None:
             parts.append(f"{COMPILE}:{self.compile_budget:.3g}")
+        if self.own_off:
+            parts.append(OWN_OFF)
         return ",".join(parts) or "none"
 
 
@@ -215,9 +225,17 @@ def parse_plan(text: str) -> Plan:
     rules: dict[str, ModuleRule] = {}
     everything = False
     budget: float | None = None
+    own_off = False
     for part in spec.split(","):
         if part.strip().lower() == "all":
             everything = True
+            continue
+        if part.strip().partition(":")[0] == "own":
+            if part.strip() != OWN_OFF or own_off:
+                raise InputError(
+                    f"invalid plan {text!r}: expected own:off once (the script's own checkpointing off)"
+                )
+            own_off = True
             continue
         part, _, policy_text = part.partition("/")
         name, sep, ratio_text = part.strip().partition(":")
@@ -237,7 +255,9 @@ def parse_plan(text: str) -> Plan:
         rules[name] = ModuleRule(name, float(ratio_text) if sep else 1.0, ops, offload)
     if everything and rules:
         raise InputError(f"invalid plan {text!r}: 'all' names its own classes: give it or classes, not both")
-    return Plan(rules=tuple(sorted(rules.values())), everything=everything, compile_budget=budget)
+    return Plan(
+        rules=tuple(sorted(rules.values())), everything=everything, compile_budget=budget, own_off=own_off
+    )
 
 
 def _compile_budget(ratio: str, rest: str, plan: str, earlier: float | None) -> float:
@@ -265,9 +285,14 @@ def _parse_policy(text: str, plan: str) -> OpPolicy | None:
 def recomputes_at_least(plan: Plan, other: Plan) -> bool:
     """Whether ``plan`` recomputes in backward everything ``other`` does (so at equal batch size it is no
     faster): every class ``other`` checkpoints, ``plan`` checkpoints at a ratio at least as large, with an
-    operator policy that recomputes at least the same kinds. ``all`` is compared only with itself (which
+    operator policy that recomputes at least the same kinds; a plan with ``own:off`` recomputes less than
+    one without it (the script's own checkpointing is on then), never at least as much. ``all`` is compared only with itself (which
     classes it names is known to the probe, not to the plan)."""
-    if other.is_none:
+    if plan.own_off and not other.own_off:  # it recomputes less than the script does by itself
+        return False
+    if other.own_off and not plan.own_off:  # the script's own recompute is more than what other leaves
+        other = dataclasses.replace(other, own_off=False)
+    if other.is_none or other == Plan(own_off=True):  # nothing of autotune's to recompute at least
         return True
     if plan.ranks or other.ranks:  # rank by rank; a plan that is not per rank stands for every rank
         if plan.ranks and other.ranks and len(plan.ranks) != len(other.ranks):

@@ -100,9 +100,14 @@ def _own_lines(answer: BestAnswer) -> list[str]:
     """What the script checkpoints by itself, kept: every configuration was measured with it."""
     if answer.own_checkpointing is None:
         return []
+    if answer.backend is Backend.TORCH and parse_plan(answer.plan).own_off:
+        return [
+            f"# the script checkpoints by itself ({answer.own_checkpointing}): the plan {answer.plan} turns "
+            "it off, measured faster and within the budget: train with it off"
+        ]
     return [
         f"# the script checkpoints by itself ({answer.own_checkpointing}): every trial measured it on, and "
-        f"the plan {answer.plan} adds to it; keep it on (turning it off was not measured)"
+        f"the plan {answer.plan} adds to it; keep it on (the plans that turn it off, own:off, did not win)"
     ]
 
 
@@ -120,16 +125,17 @@ def hugging_face(answer: BestAnswer) -> str:
     if answer.grad_accum:
         fields.append(("gradient_accumulation_steps", str(answer.grad_accum)))
     none = _no_plan(answer)
-    own = answer.own_checkpointing is not None and answer.own_checkpointing.startswith(
-        "gradient_checkpointing"
-    )
-    fields.append(("gradient_checkpointing", "True" if block or own else "False"))
+    plan = parse_plan(answer.plan) if answer.backend is Backend.TORCH else Plan.none()
+    own = (answer.own_checkpointing or "").startswith("gradient_checkpointing")
+    fields.append(("gradient_checkpointing", "True" if block or (own and not plan.own_off) else "False"))
     lines = [_header(answer, "Hugging Face TrainingArguments"), *(f"{k}={v}" for k, v in fields)]
     flags = " ".join(f"--{k} {v.lower() if v in ('True', 'False') else v}" for k, v in fields)
     lines.append(f"# as command-line flags: {flags}")
     lines += _own_lines(answer)
     if block and not none:
         lines.append(f"# gradient_checkpointing recomputes every {block}: the plan {answer.plan}")
+    elif own and plan == Plan(own_off=True):  # gradient_checkpointing=False is the whole plan
+        pass
     elif not none:
         lines += _plan_lines(answer, "after the model is built, before the Trainer")
     return "\n".join(lines)

@@ -320,10 +320,10 @@ class _Trial:
             lengths=(min(self.step_lengths), max(self.step_lengths)) if self.step_lengths else None,
             batch_seen=self.batch_seen,
             phase_seconds=dict(self.phase_seconds) or None,
-            own_checkpointing=self._own_checkpointing(),
+            own_checkpointing=self.own_checkpointing(),
         ).write(self.report_path)
 
-    def _own_checkpointing(self, counted: bool = True) -> str | None:
+    def own_checkpointing(self, counted: bool = True) -> str | None:
         """What checkpointing the script does by itself, in words (None: none seen): every plan adds to it,
         and ``none`` keeps it (autotune.backends.torch_modules.watch_own_checkpointing). ``counted``: with
         the calls a step (not in a probe, whose plan checks run the model's forward too)."""
@@ -340,10 +340,9 @@ class _Trial:
         if self.probe is None:
             return None
         self.probe.optimizer = self.optimizer
-        data = dict(self.probe.result().to_json())
         if self.request.backend is Backend.TORCH:
-            data["own_checkpointing"] = self._own_checkpointing(counted=False)  # its checks call it too
-        return data
+            self.probe.own_checkpointing = self.own_checkpointing(counted=False)  # its checks call it too
+        return dict(self.probe.result().to_json())
 
     def conclude(self, error: BaseException | None) -> int:
         """Write the final report for a script that ended (``error`` is what it raised) and pick the exit code.

@@ -10,7 +10,9 @@ the per-sample work a forward pass is (about a third: backward costs about twice
 
 Dominance follows: at equal batch size ``none`` is at least as fast as any recompute plan (an overhead is
 never negative against ``none``), and a plan that recomputes everything another plan does
-(autotune.core.plans.recomputes_at_least) is no faster than it.
+(autotune.core.plans.recomputes_at_least) is no faster than it. The exception is ``own:off`` for a script
+that checkpoints by itself: none keeps the script's recompute and own:off drops it, so its overhead is
+negative (the probe's share of the forward the script repeats, negative) and its bound is not none's.
 
 The search asks for an *optimistic* prediction, the most a configuration could reach given what was read
 and how noisy the readings were: the fit plus the readings' noise; beyond the largest batch measured, the
@@ -36,6 +38,9 @@ from autotune.core.plans import parse_plan, recomputes_at_least
 from autotune.core.stats import NOISE_FLOOR, Interval, pooled
 
 FORWARD_SHARE_OF_STEP = 0.2  # the least share of a sample's work its forward pass takes: a bound
+MAX_FORWARD_SHARE = (
+    0.5  # the most (a forward without its backward's recompute): a bound on what own:off gains
+)
 EXPECTED_FORWARD_SHARE = 1 / 3  # what a prediction (not a bound) assumes
 PER_SAMPLE_SHARE_MIN = 0.05  # below this share of the step, per-sample time is too small to divide by
 
@@ -138,7 +143,9 @@ class ThroughputModel:
         if not above:
             return value
         value = max(value, min(above))
-        if self.reference == "none" and plan != "none":  # and never above none's at its batch size
+        if (
+            self.reference == "none" and plan != "none" and not _own_off(plan)
+        ):  # nor above none's at its batch
             value = min(value, self.optimistic(batch, "none") or value)
         return value
 
@@ -151,13 +158,20 @@ class ThroughputModel:
         if plan == self.reference:
             return 0.0
         own = self.overhead.get(plan)
-        least = own.low if own is not None else self.forward_shares.get(plan, 0.0) * FORWARD_SHARE_OF_STEP
+        # unknown for own:off: it may skip a whole forward's recompute (a bound, as FORWARD_SHARE_OF_STEP is)
+        share = self.forward_shares.get(plan, -1.0 if _own_off(plan) else 0.0)
+        # a plan that repeats less than none (own:off: negative share) could gain up to a forward's most
+        least = (
+            own.low
+            if own is not None
+            else share * (FORWARD_SHARE_OF_STEP if share >= 0 else MAX_FORWARD_SHARE)
+        )
         if own is None and "|" in plan:
             least = min(self.least_overhead(entry) for entry in dict.fromkeys(plan.split("|")))
         for other, measured in self.overhead.items():
             if other != plan and plan_recomputes_at_least(plan, other):
                 least = max(least, measured.low)
-        return max(least, 0.0) if self.reference == "none" else least
+        return max(least, 0.0) if self.reference == "none" and not _own_off(plan) else least
 
     def _expected_overhead(self, plan: str) -> float:
         if plan == self.reference:
@@ -236,6 +250,14 @@ def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:
     elif t0 < 0:  # no fixed cost: per-sample time only
         t0, t1 = 0.0, float(np.sum(steps * b) / np.sum(b * b))
     return Line(float(t0), float(t1)), flat
+
+
+def _own_off(plan: str) -> bool:
+    """Whether ``plan`` turns the script's own checkpointing off: it may then be faster than none."""
+    try:
+        return any(entry.own_off for entry in parse_plan(plan).entries)
+    except InputError:
+        return False
 
 
 def plan_recomputes_at_least(plan: str, other: str) -> bool:

@@ -83,3 +83,34 @@ def test_a_trainer_s_own_gradient_checkpointing_is_said_and_kept_in_the_answer(t
         answer.own_checkpointing == "gradient_checkpointing_enable() on the model"
     )  # the probe's, uncounted
     assert "gradient_checkpointing=True" in render(answer, "hf").splitlines()
+
+
+def test_a_trainer_with_its_own_gradient_checkpointing_is_offered_turning_it_off(tmp_path: Path) -> None:
+    """The probe offers own:off right after none, checked against no plan (the same loss and gradients);
+    a trial of it runs the layers plainly, and its answer is gradient_checkpointing=False."""
+    from autotune.backends.probe import default_plans
+    from autotune.results.best import BestAnswer
+    from autotune.results.formats import render
+
+    command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
+    command.append("--gradient_checkpointing")
+    probed = api.probe(command, batch_size=2, device="cpu", cache_dir=tmp_path)
+    assert probed.outcome is Outcome.COMPLETE and probed.probe is not None, probed.error
+    assert probed.probe.own_checkpointing == "gradient_checkpointing_enable() on the model"
+    plans, excluded = default_plans(probed.probe)
+    assert plans[:2] == ("none", "own:off"), excluded
+    assert [c.ok for c in probed.probe.checks if c.plan == "own:off"] == [True]
+    spec = measure_spec(
+        command, 2, plan="own:off", device="cpu", cache_dir=tmp_path,
+        settings=TrialSettings(warmup_steps=1, measured_steps=2),
+    )  # fmt: skip
+    off = api.measure(spec)
+    assert off.outcome is Outcome.COMPLETE and off.plan == "own:off", off.error
+    assert off.own_checkpointing == (
+        "gradient_checkpointing_enable() on the model (0 torch.utils.checkpoint calls a step)"
+    )
+    answer = BestAnswer(
+        "s", TRAINER, 2, "own:off", off.peak_bytes, 10.0, 2**32, True, "verified",
+        own_checkpointing=probed.probe.own_checkpointing,
+    )  # fmt: skip
+    assert "gradient_checkpointing=False" in render(answer, "hf").splitlines()

@@ -101,3 +101,18 @@ def test_compile_and_offload_plans_say_what_they_are_and_claim_no_order_between_
     assert not recomputes_at_least(parse_plan("compile:0.5"), parse_plan("compile:0.1"))
     assert recomputes_at_least(parse_plan("Block:1,compile:0.5"), parse_plan("compile:0.5"))
     assert not recomputes_at_least(parse_plan("Block:1/offload"), parse_plan("Block:1"))
+
+
+def test_own_off_turns_the_script_s_own_checkpointing_off_and_recomputes_less_than_none() -> None:
+    assert str(parse_plan("own:off")) == "own:off" and not parse_plan("own:off").is_none
+    assert str(parse_plan("own:off,Block:0.5")) == "Block:0.5,own:off"
+    assert parse_plan("Block:0.5,own:off").own_off and not parse_plan("Block:0.5").own_off
+    # none keeps the script's own recompute: it recomputes at least what own:off does, never the reverse
+    assert recomputes_at_least(parse_plan("none"), parse_plan("own:off"))
+    assert not recomputes_at_least(parse_plan("own:off"), parse_plan("none"))
+    assert recomputes_at_least(parse_plan("Block:1"), parse_plan("Block:1,own:off"))
+    assert not recomputes_at_least(parse_plan("Block:1,own:off"), parse_plan("Block:0.5"))
+    assert recomputes_at_least(parse_plan("Block:1,own:off"), parse_plan("Block:0.5,own:off"))
+    for bad in ("own:on", "own", "own:off,own:off"):
+        with pytest.raises(InputError, match="expected own:off once"):
+            parse_plan(bad)

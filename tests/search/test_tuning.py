@@ -311,3 +311,21 @@ def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
     assert "Block:1/save=matmul" in checks
     again = CliRunner().invoke(cli, argv)
     assert json.loads(again.stdout)["new_trials"] == 0
+
+
+def test_a_script_s_own_checkpointing_turned_off_wins_where_it_is_faster_at_a_smaller_batch(tmp_path) -> None:
+    """own:off for a script that checkpoints by itself: 1.5x the memory per sample, half the per-sample
+    time. none fits batch 24 (82.8 samples/s), own:off 16 (123): the search must try the plan that keeps
+    more memory, which no saving would ever make worth a trial, and answer it."""
+    args = ["--", *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.05 --per-sample-seconds 0.01".split()]
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run", "--budget", "300MiB", "--trials", "10", "--cache-dir", str(tmp_path), "--json",
+            "--plans", "none;own:off", "--batch-sizes", "1-32", "--steps", "3", "--warmup-steps", "1",
+            "--device", "cpu", str(SYNTHETIC), *args, "--plan-effects", "own:off=-0.5:-0.5",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["batch_size"], data["plan"]) == (16, "own:off")
