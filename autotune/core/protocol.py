@@ -248,6 +248,11 @@ def read_rank_identities(path: str | Path) -> dict[int, RankIdentity]:
     return found
 
 
+def read_position(path: str | Path) -> tuple[int, str | None]:
+    """Where the child is: the steps it has finished (read_progress) and the phase it is in (read_phase)."""
+    return read_progress(path), read_phase(path)
+
+
 def read_phase(path: str | Path) -> str | None:
     """The phase the child is in (see PHASES; None: its training steps). In a multi-process job, the
     lowest rank's that is in one."""

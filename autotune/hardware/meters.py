@@ -35,7 +35,8 @@ from autotune.hardware.devices import Device
 
 Processes = Callable[[], Iterable[int]]  # the trial's process ids, now
 Ranks = Callable[[], Mapping[int, RankIdentity]]  # the pids of the trial's ranks that have started, now
-PhaseSource = Callable[[], "str | None"]  # the phase the trial is in now (core.protocol.read_phase)
+# where the trial is now: the steps it has finished and the phase it is in (core.protocol.read_position)
+PhaseSource = Callable[[], "tuple[int, str | None]"]
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ class MemoryMeter(Protocol):
         ranks: Ranks | None = None,
         phase: PhaseSource | None = None,
     ) -> None:
-        """``phase``: read at every sample, the phase the trial is in (None: training), so that a sample is
-        filed under the phase it was taken in, not the one the launcher last saw."""
+        """``phase``: read at every sample, the steps the trial has finished and the phase it is in (None:
+        training), so that a sample is filed under the step or phase it was taken in, not the one the
+        launcher last saw."""
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
 
@@ -160,8 +162,11 @@ class _Sampler:
         while not self._done.is_set():
             self.sample()
             self.samples += 1
-            step = self._step
-            phase = self._phase_source() if self._phase_source is not None else self._phase
+            # where the trial was as this sample was taken (its progress file, read now), else as the
+            # launcher last told: a step shorter than the launcher's poll would lend its sample to the next
+            step, phase = (
+                self._phase_source() if self._phase_source is not None else (self._step, self._phase)
+            )
             if phase is not None:
                 self._by_phase[phase] = max(self._by_phase.get(phase, 0), self.current())
             else:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import TrialError
-from autotune.core.protocol import read_phase, read_progress
+from autotune.core.protocol import read_position, read_progress
 from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
 from autotune.trials._shim import descendants
 from autotune.trials.interrupts import StopRequested, TrialInterrupted
@@ -91,7 +91,7 @@ def run_process(
             functools.partial(descendants, shim.pid),
             launch.ceiling,
             launch.ranks,
-            functools.partial(read_phase, launch.progress_path),
+            functools.partial(read_position, launch.progress_path),
         )
         with interruptible() if interruptible is not None else nullcontext():
             timed_out = _wait(shim, launch, started, on_poll, stop, meter)
