@@ -48,17 +48,24 @@ POLL_SECONDS = 0.5
 
 
 def verify(search: Search, settings: TrialSettings) -> BestRow:
-    """Verify until the study has a best plan (this worker or another stores it).
+    """Verify until the study has a best plan (this worker or another stores it). A leader that fails its
+    verification is a measurement like any other (a peak over the limit bounds its plan's larger batch
+    sizes, a point for the fit): the search goes on from it, within ``--trials``, before the next
+    verification, as a worker's does (autotune.workers.jobwork). Falling back to the next fitting
+    configuration measured once answered batch 4 where 12 and 16 fitted, with 7 of 10 trials unused.
 
     Raises:
         NoFitError: MAX_VERIFICATIONS configurations failed verification, or none fits.
+        ScriptError: the script failed in the trials the search went on with.
     """
     while True:
         search.shield.check()  # a Ctrl-C while another worker verifies: at once, not when it is done
         step, best = verify_step(search, settings)
         if best is not None:
             return best
-        if step is Step.BUSY:
+        if step is Step.RAN:  # the leader failed: search on from its reading
+            search.run()
+        elif step is Step.BUSY:
             time.sleep(POLL_SECONDS)
 
 
