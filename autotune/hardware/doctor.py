@@ -41,7 +41,7 @@ class Check:
 
 def checks() -> list[Check]:
     """Every check, in the order a user would fix them."""
-    return [_torch(), _nvml(), _sqlite(), _postgres(), _ort()]
+    return [_torch(), _nvml(), _cpu_memory(), _sqlite(), _postgres(), _ort()]
 
 
 def _torch() -> Check:
@@ -87,6 +87,19 @@ def _nvml() -> Check:
     driver = nvml.nvmlSystemGetDriverVersion()
     detail = f"driver {driver}: {', '.join(str(n) for n in names) or 'no GPU'}"
     return Check("NVML (GPU memory)", shadow is None, detail, shadow)
+
+
+def _cpu_memory() -> Check:
+    """How a CPU trial of several processes is measured here: Pss (shared pages once) or, without the
+    kernel's smaps_rollup, summed RSS (shared pages once per process: on the safe side of a budget)."""
+    if os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"):
+        return Check("CPU memory (process trees)", True, "Pss from /proc/PID/smaps_rollup: shared pages once")
+    return Check(
+        "CPU memory (process trees)",
+        True,
+        "summed RSS: pages a forked worker shares are counted once per process (no smaps_rollup here)",
+        "a Linux kernel of 4.14 or later counts them once (Pss)",
+    )
 
 
 def _sqlite() -> Check:

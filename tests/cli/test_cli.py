@@ -223,12 +223,16 @@ def test_doctor_reports_what_works_here_without_importing_torch() -> None:
     assert set(checks) == {
         "torch",
         "NVML (GPU memory)",
+        "CPU memory (process trees)",
         "SQLite (default storage)",
         "PostgreSQL driver",
         "ONNX Runtime backend",
     }
     assert checks["torch"]["ok"] and checks["torch"]["detail"].startswith("2.13.0")
     assert checks["torch"]["required"]
+    assert (
+        checks["CPU memory (process trees)"]["detail"] == "Pss from /proc/PID/smaps_rollup: shared pages once"
+    )
     ort = checks["ONNX Runtime backend"]
     if ort["ok"]:  # make test installs the ort extra: ORTModule really trained a step in the check
         assert ort["detail"].startswith("onnxruntime-training 1.19.2, ORTModule trains here"), ort

@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--setsid-grandchild", action="store_true", help="fork a child that escapes the group")
     p.add_argument("--worker-mib", type=float, default=0, help="fork a worker that holds this much")
+    p.add_argument("--forks", type=int, default=0, help="fork this many workers that share what it holds")
     p.add_argument("--pid-file", default=None, help="append the pids of this trial here")
     p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
     p.add_argument("--per-sample-seconds", type=float, default=0.0, help="step time added per sample")
@@ -151,6 +152,10 @@ def main() -> None:
     reading = count_reading(args.state_dir, batch, plan)
     extra = named_value(args.extra_mib, batch, plan, reading, 0.0)
     held = touched(args.base_mib + extra + batch * args.per_sample_mib * scale * (1 - saving))  # noqa: F841
+    for _ in range(args.forks):  # workers that inherit what it holds and never write it (a DataLoader's)
+        if os.fork() == 0:
+            while True:
+                time.sleep(1)
     step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
     step_seconds *= named_value(args.slow, batch, plan, reading, 1.0)
     seed = None if args.seed is None else f"{args.seed}:{batch}:{plan}:{reading}"
