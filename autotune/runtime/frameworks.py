@@ -147,9 +147,24 @@ def in_phase(method: Callable[..., Any], name: str, when: Callable[[Any], bool] 
     return wrapped
 
 
+def _tolerant(hook: Callable[[Any, _Trial], None]) -> Callable[[Any, _Trial], None]:
+    """``hook``, leaving the framework as it is where its version lacks what the hook wraps (a renamed
+    private method): the script's import must never fail for autotune's sake. A phase asked for is then not
+    found, and the trial says how to run it (PhaseNotRun)."""
+
+    @functools.wraps(hook)
+    def tolerant(module: Any, trial: _Trial) -> None:
+        try:
+            hook(module, trial)
+        except (AttributeError, ImportError):
+            return
+
+    return tolerant
+
+
 HOOKS = {
-    HF_TRAINER: hook_hf_trainer,
-    **dict.fromkeys(LIGHTNING_LOOPS, hook_lightning_loop),
-    **dict.fromkeys(LIGHTNING_EVALUATION, hook_lightning_evaluation),
-    **dict.fromkeys(LIGHTNING_TRAINER, hook_lightning_trainer),
+    HF_TRAINER: _tolerant(hook_hf_trainer),
+    **dict.fromkeys(LIGHTNING_LOOPS, _tolerant(hook_lightning_loop)),
+    **dict.fromkeys(LIGHTNING_EVALUATION, _tolerant(hook_lightning_evaluation)),
+    **dict.fromkeys(LIGHTNING_TRAINER, _tolerant(hook_lightning_trainer)),
 }

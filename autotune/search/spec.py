@@ -99,7 +99,7 @@ class TuneSpec:
             "trials": self.trials,
             "batch_sizes": list(self.batch_sizes),
             "plans": list(self.plans) if self.plans is not None else None,
-            "settings": asdict(self.settings),
+            "settings": {**asdict(self.settings), "phases": list(self.settings.phases)},  # as JSON reads back
             "headroom": self.headroom,
             "seed": self.seed,
             "backend": self.backend.value,
