@@ -14,7 +14,6 @@ eager forward, and the probe asks torch's partitioner about the compiled graphs 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -46,7 +45,10 @@ def install() -> None:
     else:
         sys.meta_path.insert(0, _AfterImport("torch", _install_torch_hooks))
     for name, hook in HOOKS.items():  # the phases of a job inside Hugging Face's Trainer and Lightning
-        then = functools.partial(hook, trial=trial)
+
+        def then(module: ModuleType, hook: Callable[[Any, _Trial], None] = hook) -> None:
+            hook(module, trial)
+
         if name in sys.modules:
             then(sys.modules[name])
         else:
