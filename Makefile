@@ -53,7 +53,8 @@ browser:
 
 # Tests on two pytest-xdist workers (TEST_WORKERS=0: in this process), all but the `scale` ones (dozens of
 # worker processes for minutes: `make test-scale` runs them alone) and the `compat` ones (real Hugging
-# Face, torchvision and Lightning models for minutes: `make test-compat`); CI runs each phase. No test compares
+# Face, torchvision and Lightning models, and the longest compile and ORT runs, for minutes: `make
+# test-compat`); CI runs each phase. No test compares
 # speeds: those are benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest
 # exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2

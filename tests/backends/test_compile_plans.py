@@ -154,6 +154,7 @@ def test_the_probe_of_a_script_that_compiles_offers_each_distinct_budget_once(tm
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # minutes of real trials: CI's compatibility phase
 def test_compile_plans_train_with_the_loss_and_gradients_of_no_plan_in_real_trials(tmp_path: Path) -> None:
     """Real trials of a script that calls torch.compile itself (inductor): the budget is set as torch is
     imported, and three budgets give no plan's loss and gradients within 1e-5 (generated kernels may round

@@ -127,6 +127,7 @@ def test_the_probe_lists_ort_s_plans_with_numeric_savings(tmp_path) -> None:
     assert all(row["saving_bytes"] > 0 for row in rows.values())
 
 
+@pytest.mark.compat  # minutes of real trials: CI's compatibility phase
 def test_a_plan_s_measured_saving_is_within_15_percent_of_ort_s_prediction(tmp_path) -> None:
     """ORT predicts the bytes a plan stops keeping; measured on the process's RSS with ORT's CPU arena off
     (tests/scripts/ort_live_bytes.py says why: with it on, arena fragmentation about doubles the saving).
@@ -159,6 +160,7 @@ def test_a_plan_s_measured_saving_is_within_15_percent_of_ort_s_prediction(tmp_p
     assert abs(saving - predicted) <= 0.15 * predicted, (saving, predicted)
 
 
+@pytest.mark.compat  # minutes of real trials: CI's compatibility phase
 def test_run_backend_ort_picks_a_plan_under_budget_and_best_env_reproduces_it(tmp_path) -> None:
     proc = autotune(
         "run",
