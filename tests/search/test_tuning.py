@@ -279,6 +279,7 @@ def test_bad_study_names(tmp_path, name) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # 90 s of real trials: CI's compatibility phase
 def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
     from conftest import EXAMPLES
 
