@@ -249,21 +249,22 @@ def read_rank_identities(path: str | Path) -> dict[int, RankIdentity]:
 
 
 def read_position(path: str | Path) -> tuple[int, str | None]:
-    """Where the child is: the steps it has finished (read_progress) and the phase it is in (read_phase)."""
-    return read_progress(path), read_phase(path)
-
-
-def read_phase(path: str | Path) -> str | None:
-    """The phase the child is in (see PHASES; None: its training steps). In a multi-process job, the
-    lowest rank's that is in one."""
-    for file in [*rank_files(path).values(), Path(path)]:
+    """Where the child is: the steps it has finished (read_progress's: its slowest rank's) and the phase it
+    is in (PHASES; None: its training steps; in a multi-process job the lowest rank's that is in one), each
+    progress file read once (the meter asks at every sample)."""
+    files = list(rank_files(path).values()) or [Path(path)]
+    steps: list[int] = []
+    phase: str | None = None
+    for file in files:
         try:
-            phase = json.loads(file.read_text()).get("phase")
-        except (OSError, ValueError, AttributeError):
+            data = json.loads(file.read_text())
+            steps.append(int(data["steps"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            steps.append(0)
             continue
-        if isinstance(phase, str):
-            return phase
-    return None
+        if phase is None and isinstance(data.get("phase"), str):
+            phase = data["phase"]
+    return min(steps), phase
 
 
 def _steps(path: str | Path) -> int:

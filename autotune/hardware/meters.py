@@ -98,9 +98,9 @@ class MemoryMeter(Protocol):
 
     def stop(self, main_maxrss_bytes: int) -> MemoryReading: ...
 
-    def at_step(self, steps: int, phase: str | None = None) -> None:
-        """The trial has finished ``steps`` steps and is in ``phase`` (None: training): later samples
-        count towards that phase, else that step."""
+    def at_step(self, steps: int) -> None:
+        """The trial has finished ``steps`` steps: later samples count towards that step (where ``start``
+        was given no ``phase`` source, which tells the step and phase at each sample)."""
 
 
 def make_meter(device: Device, nvml: Any = None) -> MemoryMeter:
@@ -125,13 +125,12 @@ class _Sampler:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._step = 0
-        self._phase: str | None = None
         self._by_step: dict[int, int] = {}
         self._by_phase: dict[str, int] = {}
         self._phase_source: PhaseSource | None = None
 
-    def at_step(self, steps: int, phase: str | None = None) -> None:
-        self._step, self._phase = steps, phase
+    def at_step(self, steps: int) -> None:
+        self._step = steps
 
     def start(
         self,
@@ -153,7 +152,7 @@ class _Sampler:
         self.over = threading.Event()
         self._ceiling = ceiling
         self.samples = 0
-        self._step, self._phase, self._by_step, self._by_phase = 0, None, {}, {}
+        self._step, self._by_step, self._by_phase = 0, {}, {}
         self._phase_source = phase
         self._thread = threading.Thread(target=self._run, name="autotune-meter", daemon=True)
         self._thread.start()
@@ -169,9 +168,7 @@ class _Sampler:
             self.samples += 1
             # where the trial was as this sample was taken (its progress file, read now), else as the
             # launcher last told: a step shorter than the launcher's poll would lend its sample to the next
-            step, phase = (
-                self._phase_source() if self._phase_source is not None else (self._step, self._phase)
-            )
+            step, phase = self._phase_source() if self._phase_source is not None else (self._step, None)
             if phase is not None:
                 self._by_phase[phase] = max(self._by_phase.get(phase, 0), self.current())
             else:
