@@ -15,6 +15,7 @@ import optuna
 from click.testing import CliRunner
 
 from autotune.cli import cli
+from autotune.core.stats import pooled
 from autotune.search.optuna_trials import records_of
 from autotune.search.records import TrialKind, best_record
 
@@ -57,7 +58,11 @@ def test_a_slow_reading_of_the_true_best_is_re_measured_against_the_one_reading_
     assert (data["batch_size"], data["plan"]) == (48, "A:1")
     assert data["readings"] == 3  # its search trial and two longer runs
     assert data["samples_per_sec_low"] < data["samples_per_sec"] < data["samples_per_sec_high"]
-    assert data["samples_per_sec_low"] > 387  # the slow reading does not widen the median's interval
+    readings = [r.throughput for r in records if (r.batch_size, r.plan) == (48, "A:1")]
+    # the answer's interval pools these three robustly (one slow reading among agreeing ones does not widen
+    # it: tests/core/test_stats.py); a fixed bound on it read real step times and failed under CI's load
+    answer = pooled(readings)
+    assert (data["samples_per_sec_low"], data["samples_per_sec_high"]) == (answer.low, answer.high)
 
 
 def test_a_winner_that_verifies_below_a_rival_is_measured_again_and_kept_on_its_median(tmp_path) -> None:
