@@ -13,6 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 
 from autotune.core.plans import Plan
 from autotune.hardware.devices import cpu_device
@@ -309,3 +310,15 @@ def synthetic_study(cache: Path, plans: str, *script_args: str) -> str:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)["study"]
+
+
+class Block(torch.nn.Module):
+    """A residual MLP block: the repeated module of the tiny models that plans are applied to in-process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 64)
+        self.out = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.out(torch.relu(self.fc(x)))

@@ -10,6 +10,15 @@ the model's own when its output carries one (a Hugging Face model given labels),
 every floating output that has gradients (the mean of its squares), so that every gradient depends on the
 values the plan recomputes.
 
+A model of several module trees (an embedding, a body and a head that the script calls in turn: see
+autotune.backends.torch_model) is checked tree by tree in one step: each tree on the inputs it had in the
+probe's recorded step, their losses summed.
+
+A check proves that its plan ran: the forwards the plan's rules recompute or offload are counted during its
+step (none counted: the check fails, saying so), and so are the script's own checkpoints that ``own:off`` runs
+plainly and the graphs a compile budget partitioned. A plan applied to nothing would otherwise pass with a
+difference of 0.
+
 Tolerance, relative to the reference (the loss; the largest gradient of any parameter): 1e-5 for 32-bit
 parameters, 1e-3 for float16, 1e-2 for bfloat16 (recompute on a GPU may reorder reductions; on the CPU the
 numbers come out identical). A plan that raises (selective recompute refusing an op it did not record, an
@@ -30,10 +39,11 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from autotune.backends.probe_report import PlanCheck
-from autotune.backends.torch_modules import plan_applied
-from autotune.core.plans import parse_plan
+from autotune.backends.torch_modules import RAN, plan_applied
+from autotune.core.plans import Plan, parse_plan
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+Run = tuple[nn.Module, Inputs]  # a module tree of the model and the inputs it was called with
 
 _SEED = 20261123
 _TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float64: 1e-9}
@@ -48,27 +58,41 @@ def capture(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Inputs:
 
 def check_plans(model: nn.Module, inputs: Inputs, plans: Sequence[str]) -> list[PlanCheck]:
     """Each of ``plans`` on ``model`` against no plan (an empty list if no plan's step itself fails)."""
+    return check_plans_of(model, [(model, inputs)], plans)
+
+
+def check_plans_of(model: nn.Module, runs: Sequence[Run], plans: Sequence[str]) -> list[PlanCheck]:
+    """Each of ``plans`` applied to ``model`` against no plan, in one step of ``runs`` (``model``'s trees,
+    each with its recorded inputs)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if not params or not plans:
+    if not params or not plans or not runs:
         return []
     grads = [p.grad for p in params]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     tolerance = max(_TOLERANCE.get(p.dtype, _DEFAULT_TOLERANCE) for p in params)
     try:
         try:
-            reference = _one_step(model, params, inputs, buffers)
+            reference = _one_step([module for module, _ in runs], params, runs, buffers)
         except Exception:  # the model cannot be run this way at all: nothing to compare against
             return []
         checks = []
         for plan in plans:
             parsed = parse_plan(plan)
+            before = dict(RAN)
+            partitioned = [0]
             try:
-                with plan_applied(model, parsed), _compiled(model, parsed.compile_budget) as run:
-                    result = _one_step(run, params, inputs, buffers)
+                with (
+                    plan_applied(model, parsed),
+                    _compiled([module for module, _ in runs], parsed.compile_budget, partitioned) as run,
+                ):
+                    result = _one_step(run, params, runs, buffers)
             except Exception as error:
                 checks.append(PlanCheck(plan, error=one_line(error)))
                 continue
-            checks.append(_compare(plan, reference, result, tolerance))
+            idle = _did_nothing(parsed, {k: RAN[k] - before[k] for k in RAN}, partitioned[0])
+            checks.append(
+                PlanCheck(plan, error=idle) if idle else _compare(plan, reference, result, tolerance)
+            )
         return checks
     finally:
         for param, grad in zip(params, grads, strict=True):
@@ -76,44 +100,61 @@ def check_plans(model: nn.Module, inputs: Inputs, plans: Sequence[str]) -> list[
         _restore(buffers)
 
 
+def _did_nothing(plan: Plan, ran: dict[str, int], partitioned: int) -> str | None:
+    """Why the check of ``plan`` proves nothing (a part of it ran nowhere in the check step), or None."""
+    compiled = plan.compile_budget is not None and partitioned > 0  # the rules' wrappers are in its graphs
+    if (plan.rules or plan.everything) and not ran["wrapped"] and not compiled:
+        return "the plan ran nowhere in the check step: no forward it wraps was called"
+    if plan.own_off and not ran["own_plain"]:
+        return "own:off ran nowhere in the check step: the script's own checkpointing was not called"
+    if plan.compile_budget is not None and not compiled:
+        return "the compile budget ran nowhere in the check step: nothing was compiled"
+    return None
+
+
 _Step = tuple[float, list[torch.Tensor | None]]
 
 
 @contextlib.contextmanager
-def _compiled(model: nn.Module, budget: float | None) -> Iterator[Callable[..., Any]]:
-    """``model`` itself, or for a compile budget ``model`` compiled with torch's partitioner at that budget
-    and the graphs run as traced; dynamo's caches are cleared before and after."""
+def _compiled(
+    modules: list[nn.Module], budget: float | None, partitioned: list[int]
+) -> Iterator[list[Callable[..., Any]]]:
+    """``modules`` themselves, or for a compile budget each compiled with torch's partitioner at that budget
+    and the graphs run as traced (``partitioned[0]`` counts the graphs partitioned); dynamo's caches are
+    cleared before and after."""
     if budget is None:
-        yield model
+        yield list(modules)
         return
     import torch._dynamo
 
     from autotune.backends.torch_compile import budget_backend, real_compile
 
-    backend = budget_backend(budget)
+    backend = budget_backend(budget, partitioned)
     torch._dynamo.reset()
     try:
-        yield real_compile()(model, backend=backend, dynamic=False)
+        yield [real_compile()(module, backend=backend, dynamic=False) for module in modules]
     finally:
         torch._dynamo.reset()
 
 
 def _one_step(
-    model: Callable[..., Any],
+    modules: Sequence[Callable[..., Any]],
     params: list[nn.Parameter],
-    inputs: Inputs,
+    runs: Sequence[Run],
     buffers: list[tuple[torch.Tensor, torch.Tensor]],
 ) -> _Step:
     for param in params:
         param.grad = None
     _restore(buffers)
-    args, kwargs = inputs
     devices = (
         [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     )
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(_SEED)
-        loss = _loss(model(*args, **kwargs))
+        losses = []
+        for module, (_, (args, kwargs)) in zip(modules, runs, strict=True):
+            losses.append(_loss(module(*args, **kwargs)))
+        loss = sum(losses[1:], losses[0])
         loss.backward()
     grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
     for param in params:

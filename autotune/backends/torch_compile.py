@@ -48,9 +48,11 @@ def set_compile_budget(budget: float | None) -> None:
     config.activation_memory_budget = float(budget)
 
 
-def budget_backend(budget: float) -> Callable[..., Any]:
+def budget_backend(budget: float, partitioned: list[int] | None = None) -> Callable[..., Any]:
     """A torch.compile backend that partitions at ``budget`` and runs the graphs as traced (the probe's
-    correctness check of a compile plan: which values are recomputed, without code generation)."""
+    correctness check of a compile plan: which values are recomputed, without code generation);
+    ``partitioned[0]`` counts the graphs dynamo hands it (AOT autograd's cache may skip the partition
+    itself for a graph compiled before in the process)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -59,17 +61,28 @@ def budget_backend(budget: float) -> Callable[..., Any]:
         with config.patch(activation_memory_budget=budget):
             return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
-    return aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=partition)
+    compiler = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=partition)
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        if partitioned is not None:
+            partitioned[0] += 1
+        return compiler(graph, example_inputs)
+
+    return backend
 
 
 def partitions(
-    model: nn.Module, inputs: Inputs, ratios: Sequence[float] = CANDIDATE_RATIOS
+    model: nn.Module,
+    inputs: Inputs,
+    ratios: Sequence[float] = CANDIDATE_RATIOS,
+    more: Sequence[tuple[nn.Module, Inputs]] = (),
 ) -> list[CompilePartition]:
     """What the partitioner makes of ``model`` called on ``inputs`` at each of ``ratios`` (and at 1):
     one entry per ratio, in ratio order, each naming the largest ratio with the same partition.
 
     One dynamo trace (its own cache entries, dropped afterwards); nothing is generated or run but the
-    forward that is traced. Raises what tracing raises (the probe reports it)."""
+    forward that is traced. Raises what tracing raises (the probe reports it). ``more``: the model's other
+    trees with their inputs (a model of several: autotune.backends.torch_model), partitioned alike."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -88,7 +101,8 @@ def partitions(
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
     backend = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=partition)
-    _traced(model, inputs, backend)
+    for module, its_inputs in [(model, inputs), *more]:
+        _traced(module, its_inputs, backend)
     keys = {r: hashlib.sha256("".join(k for k, _ in graphs[r]).encode()).hexdigest()[:16] for r in asked}
     largest = {keys[r]: r for r in asked}  # asked is ascending: the last ratio of a partition wins
     return [

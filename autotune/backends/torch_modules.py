@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +48,15 @@ from autotune.backends.probe_report import ModuleCandidate
 from autotune.core.errors import InputError
 from autotune.core.plans import ModuleRule, OpPolicy, Plan
 
-_MARK = "_autotune_plan"  # set on a model once a plan has been applied to it
+# The plan applied to a model, keyed by the model inside any wrapper (inner_module), never an attribute set
+# on it: a wrapper such as Lightning Fabric's forwards attribute writes to the module it wraps, and would then
+# refuse to delete the mark it never held, leaving the plan "applied" to the next check, which wraps nothing.
+_APPLIED: weakref.WeakKeyDictionary[nn.Module, Plan] = weakref.WeakKeyDictionary()
 _OWN_CALLS = [0]  # the script's own torch.utils.checkpoint calls so far (watch_own_checkpointing)
 _OWN_OFF = [False]  # own:off applied: the script's own checkpoint calls run their function as it is
+# What a plan's wrappers did, counted so that a check can prove its plan ran (autotune.backends.plan_check):
+# forwards recomputed or offloaded by a plan's rules, and own checkpoint calls run plainly under own:off.
+RAN = {"wrapped": 0, "own_plain": 0}
 # torch.utils.checkpoint.checkpoint's own keyword arguments; the rest go to the checkpointed function
 _CHECKPOINT_KWARGS = ("use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state")
 
@@ -68,6 +75,7 @@ def watch_own_checkpointing() -> None:
     @functools.wraps(original)
     def counted(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if _OWN_OFF[0]:  # own:off: the plain call (the numbers are the checkpoint's: it recomputes them)
+            RAN["own_plain"] += 1
             return function(*args, **{k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS})
         _OWN_CALLS[0] += 1
         return original(function, *args, **kwargs)
@@ -76,18 +84,22 @@ def watch_own_checkpointing() -> None:
     module.checkpoint = counted
 
 
-def _own_off(model: nn.Module) -> None:
+def _own_off(model: nn.Module) -> int:
     """``own:off``: the script's own checkpointing off. A Hugging Face model's through its own per-layer
     switch (what ``gradient_checkpointing_disable()`` turns off, without its deprecation warning); any other
     ``torch.utils.checkpoint.checkpoint`` call the script makes runs its function as it is (the watch goes
-    in now if it was not: outside a trial, a script that bound the function before is not reached)."""
+    in now if it was not: outside a trial, a script that bound the function before is not reached).
+    Returns how many per-layer switches it turned off."""
     watch_own_checkpointing()
     _OWN_OFF[0] = True
+    switched = 0
     for module in model.modules():
         if (
             getattr(module, "gradient_checkpointing", None) is True
         ):  # what the switch turns off, layer by layer
             setattr(module, "gradient_checkpointing", False)  # noqa: B010 (nn.Module's typed __setattr__)
+            switched += 1
+    return switched
 
 
 def own_checkpoint_calls() -> int:
@@ -149,6 +161,34 @@ WRAPPERS = frozenset(
 )
 
 
+def inner_module(model: nn.Module) -> nn.Module:
+    """The model inside the wrappers users put around one: torch.compile's OptimizedModule, DDP and FSDP1,
+    DataParallel, Lightning Fabric's _FabricModule, PEFT's PeftModel (its base model: the LoRA layers are in
+    it). Accelerate's prepared model is one of these, or the model itself."""
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        names = {cls.__name__ for cls in type(model).__mro__}
+        inner: Any = None
+        if "OptimizedModule" in names:
+            inner = getattr(model, "_orig_mod", None)
+        elif names & {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}:
+            inner = getattr(model, "module", None)
+        elif "_FabricModule" in names:
+            inner = getattr(model, "_original_module", None)
+        elif "PeftModel" in names and callable(base := getattr(model, "get_base_model", None)):
+            inner = base()
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
+
+
+def applied_plan(model: nn.Module) -> Plan | None:
+    """The plan applied to ``model`` (or to the model it wraps), None before one was."""
+    return _APPLIED.get(inner_module(model))
+
+
 def class_name(module: nn.Module) -> str:
     """The name a plan uses for ``module``'s class. FSDP2's ``fully_shard`` swaps a module's class for a
     subclass named ``FSDP<Class>`` (with FSDPModule); a plan names the class the model defined."""
@@ -176,13 +216,14 @@ def _holds_blocks(module: nn.Module) -> bool:
 def apply_plan(model: nn.Module, plan: Plan) -> Plan:
     """Checkpoint the modules ``plan`` selects, in place. Returns the plan as applied (``all`` expanded).
 
-    Applying a plan to a model that already has one is a no-op that returns the first plan.
+    Applying a plan to a model that already has one (itself, or the model it wraps) is a no-op that returns
+    the first plan.
 
     Raises:
         InputError: the plan names a class that is not a repeated module class of this model.
     """
-    if hasattr(model, _MARK):
-        return getattr(model, _MARK)
+    if (already := applied_plan(model)) is not None:
+        return already
     candidates = {c.cls: c for c in find_candidates(model)}
     rules = plan.rules
     if plan.everything:
@@ -217,9 +258,9 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
             setattr(module, "gradient_checkpointing", True)  # noqa: B010 (nn.Module's typed __setattr__)
             setattr(module, "_gradient_checkpointing_func", _call)  # noqa: B010
     if plan.own_off:
-        _own_off(model)
+        RAN["own_plain"] += _own_off(model)  # a switch turned off is the script's checkpointing off
     applied = Plan(rules=tuple(sorted(rules)), compile_budget=plan.compile_budget, own_off=plan.own_off)
-    setattr(model, _MARK, applied)
+    _APPLIED[inner_module(model)] = applied
     return applied
 
 
@@ -231,7 +272,8 @@ def plan_applied(model: nn.Module, plan: Plan) -> Iterator[Plan]:
         name: {attr: module.__dict__[attr] for attr in _SET_ATTRS if attr in module.__dict__}
         for name, module in model.named_modules()
     }
-    had_mark = hasattr(model, _MARK)
+    key = inner_module(model)
+    had_plan = key in _APPLIED
     own_off = _OWN_OFF[0]
     try:
         yield apply_plan(model, plan)
@@ -243,8 +285,8 @@ def plan_applied(model: nn.Module, plan: Plan) -> Iterator[Plan]:
                     setattr(module, attr, saved[name][attr])
                 elif attr in module.__dict__:
                     delattr(module, attr)
-        if not had_mark and hasattr(model, _MARK):
-            delattr(model, _MARK)
+        if not had_plan:
+            _APPLIED.pop(key, None)
 
 
 _SET_ATTRS = ("forward", "gradient_checkpointing", "_gradient_checkpointing_func")  # what a plan sets
@@ -289,6 +331,7 @@ class _Recompute:
         self.ops = ops
 
     def __call__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        RAN["wrapped"] += 1  # traced by dynamo: a side effect its compiled code replays at each call
         context: dict[str, Any] = {}
         if self.ops is not None:
             context["context_fn"] = functools.partial(
@@ -357,6 +400,7 @@ class _Offloaded:
         forward: Callable[..., Any] = type(self.module).forward.__get__(self.module)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        RAN["wrapped"] += 1
         with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
             return forward(*args, **kwargs)
 

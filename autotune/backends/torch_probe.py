@@ -12,6 +12,10 @@ script that calls torch.compile (which runs eagerly in a probe trial, so the ins
 torch's partitioner is first asked what each candidate activation memory budget does to the model
 (autotune.backends.torch_compile), and the distinct ones are checked like any plan.
 
+A model of several module trees (autotune.backends.torch_model) is probed as one: a forward is the first
+tree's (the step calls it first), and each tree's forward in that step is recorded, timed and checked on its
+own inputs; a tree called inside another's forward counts in that forward.
+
 The result is a :class:`~autotune.backends.probe_report.TorchProbeReport` (``autotune.backends.probe`` predicts
 plan savings from it in the tuner).
 """
@@ -32,6 +36,7 @@ from autotune.backends import plan_check, torch_compile
 from autotune.backends.ops import may_save, op_kind, op_name
 from autotune.backends.probe import plans_to_check
 from autotune.backends.probe_report import CompilePartition, InstanceStats, PlanCheck, TorchProbeReport
+from autotune.backends.torch_model import trees_of
 from autotune.backends.torch_modules import Candidate, find_candidates
 from autotune.core.plans import parse_plan
 
@@ -42,6 +47,7 @@ TIMED_FORWARD = 3
 class Probe:
     def __init__(self, model: nn.Module, batch_size: int, check_plans: tuple[str, ...] = ()) -> None:
         self.model = model
+        self.trees = trees_of(model)
         self.batch_size = batch_size
         self.extra_checks = check_plans  # plans named by the user, checked beside those the probe offers
         self.candidates: list[Candidate] = find_candidates(model)
@@ -49,7 +55,8 @@ class Probe:
         self.classes = {name: c.cls for c in self.candidates for name in c.names}
         self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.stack: list[str] = []
-        self.forwards = 0
+        self.forwards = 0  # the first tree's
+        self.depth = 0  # trees' forwards running (one called inside another is part of that one)
         self.recording = False
         self.timing = False
         self.exits = ExitStack()
@@ -64,7 +71,7 @@ class Probe:
         self.optimizer: Any = None
         self.done = False
         self.paused = False  # while the plans are checked: those forwards are not the script's
-        self.inputs_seen: plan_check.Inputs | None = None  # forward #2's inputs, for the plan checks
+        self.inputs_seen: dict[int, plan_check.Inputs] | None = None  # forward #2's, by tree, for the checks
         self.checks: list[PlanCheck] | None = None
         self.compiles = False  # the script called torch.compile (the trial tells: after_step)
         self.compile_partitions: list[CompilePartition] = []
@@ -73,8 +80,11 @@ class Probe:
         self._attach()
 
     def _attach(self) -> None:
-        self.model.register_forward_pre_hook(self._root_pre, with_kwargs=True)
-        self.model.register_forward_hook(self._root_post)
+        for index, tree in enumerate(self.trees):
+            tree.register_forward_pre_hook(
+                lambda m, args, kwargs, i=index: self._root_pre(i, args, kwargs), with_kwargs=True
+            )
+            tree.register_forward_hook(lambda m, args, out: self._root_post())
         modules = dict(self.model.named_modules())
         for name in self.names:
             modules[name].register_forward_pre_hook(lambda m, args, n=name: self._enter(n, args))
@@ -83,7 +93,9 @@ class Probe:
     def after_step(self, trial: Any) -> None:
         """Between two training steps (the trial calls it): once the probe has its data, check the plans
         the search may use against no plan, on forward #2's inputs."""
-        if not self.done or self.checks is not None or self.inputs_seen is None:
+        if self.depth == 0:  # the recorded or timed forward's trees have all run
+            self._end_forward()
+        if not self.done or self.checks is not None or not self.inputs_seen:
             return
         self.paused, trial.counting = True, False
         try:
@@ -92,10 +104,15 @@ class Probe:
             if self.compiles:
                 self._ask_partitioner()
             plans = dict.fromkeys([*plans_to_check(self.result()), *self.extra_checks])
-            self.checks = plan_check.check_plans(self.model, self.inputs_seen, list(plans))
+            self.checks = plan_check.check_plans_of(self.model, self._runs(), list(plans))
         finally:
             self.paused, trial.counting = False, True
             self.inputs_seen = None
+
+    def _runs(self) -> list[plan_check.Run]:
+        """The trees with the inputs they had in the recorded forward (those that ran in it)."""
+        seen = self.inputs_seen or {}
+        return [(tree, seen[i]) for i, tree in enumerate(self.trees) if i in seen]
 
     def _ask_partitioner(self) -> None:
         """torch.compile's partition of the model at each candidate budget (and those the user named)."""
@@ -106,37 +123,56 @@ class Probe:
             for e in parse_plan(p).entries
             if e.compile_budget is not None
         ]
+        (first, inputs), *more = self._runs()
         try:
             self.compile_partitions = torch_compile.partitions(
-                self.model, self.inputs_seen, sorted({*torch_compile.CANDIDATE_RATIOS, *named})
+                first, inputs, sorted({*torch_compile.CANDIDATE_RATIOS, *named}), more
             )
         except Exception as error:  # a model dynamo cannot trace: no compile plans, and why
             self.compile_error = plan_check.one_line(error)
 
-    def _root_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+    def _root_pre(self, index: int, args: Any, kwargs: dict[str, Any]) -> None:
         if self.paused:
             return
-        self.forwards += 1
-        self.recording = self.forwards == RECORDED_FORWARD and torch.is_grad_enabled()
-        self.timing = self.forwards == TIMED_FORWARD
+        self.depth += 1
+        if self.depth > 1:  # a tree called inside another's forward: part of that forward
+            return
+        if index == 0:  # a new forward of the model: the first tree's
+            self._end_forward()
+            self.forwards += 1
+            self.recording = self.forwards == RECORDED_FORWARD and torch.is_grad_enabled()
+            self.timing = self.forwards == TIMED_FORWARD
+            if self.recording:
+                self.inputs_seen = {}
+        if self.recording and self.inputs_seen is not None and index not in self.inputs_seen:
+            self.inputs_seen[index] = plan_check.capture(args, kwargs)
         if self.recording:
-            self.inputs_seen = plan_check.capture(args, kwargs)
             self.exits.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
             self.exits.enter_context(_Recorder(self))
         self.started[""] = _now()
 
-    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self.paused:
+    def _root_post(self) -> None:
+        if self.paused or not self.depth:  # the forward the probe was attached in: its start was not seen
+            return
+        self.depth -= 1
+        if self.depth > 0:
             return
         if self.timing:
-            self.forward_seconds = _now() - self.started[""]
-            self.done = True
+            self.forward_seconds += _now() - self.started[""]
+            if len(self.trees) == 1:  # the model's forward is over (several trees: at the next, or the step)
+                self.timing, self.done = False, True
         if self.recording:
             self.exits.close()
-            self.recording = False
+            self.recording = len(self.trees) > 1  # several trees: the step's next ones are recorded too
+
+    def _end_forward(self) -> None:
+        """The model's last forward is over (the first tree runs again): recording or timing stops."""
+        self.recording = False
+        if self.timing:
+            self.timing, self.done = False, True
 
     def _enter(self, name: str, args: Any) -> None:
-        if self.paused:
+        if self.paused or not self.depth:  # outside the model's forward: a recompute in backward
             return
         self.stack.append(name)
         if self.recording:
@@ -145,7 +181,7 @@ class Probe:
             self.started[name] = _now()
 
     def _leave(self, name: str) -> None:
-        if self.paused:
+        if self.paused or not self.depth:
             return
         self.stack.pop()
         if self.timing:

@@ -83,6 +83,11 @@ class TrialRequest:
     # Phases (of PHASES) to run once after the measured steps, before the trial ends: its peak then covers
     # the script's evaluation and a checkpoint save too (autotune.runtime.trial, autotune.runtime.phases).
     phases: tuple[str, ...] = ()
+    # A verification runs on past its measured steps while its peak still grows, up to this many steps
+    # more: the tuner, which measures the peak, writes at ``settled_path`` the step to end at once the peak
+    # has stopped growing (or its time cap is reached); all ranks end at that step (0: off).
+    settle_steps: int = 0
+    settled_path: str = ""
 
     @property
     def total_steps(self) -> int:
@@ -134,6 +139,8 @@ class TrialReport:
     phase_seconds: dict[str, float] | None = None  # each phase the script ran (autotune.phase), its seconds
     # the checkpointing the script does by itself, in words (None: none seen): a plan adds to it
     own_checkpointing: str | None = None
+    # a settling verification (TrialRequest.settle_steps): its steps in all and why it ended then
+    settled: str | None = None
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)
@@ -288,3 +295,19 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def write_settled(path: Path, end_at: int, reason: str, rise_bytes: int | None) -> None:
+    """The tuner's word to a settling trial (TrialRequest.settled_path): end at step ``end_at``, and why."""
+    _write_json_atomic(path, {"end_at": end_at, "reason": reason, "rise_bytes": rise_bytes})
+
+
+def read_settled(path: str) -> tuple[int, str] | None:
+    """The step a settling trial ends at and why, once the tuner has written it (None before)."""
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+        return int(data["end_at"]), str(data["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -102,6 +102,9 @@ class MemoryMeter(Protocol):
         """The trial has finished ``steps`` steps: later samples count towards that step (where ``start``
         was given no ``phase`` source, which tells the step and phase at each sample)."""
 
+    def peaks_by_step(self) -> dict[int, int]:
+        """The largest sample so far while the trial had finished k steps, by k."""
+
 
 def make_meter(device: Device, nvml: Any = None) -> MemoryMeter:
     """The meter for ``device``: NVML on a GPU, RSS on the CPU. ``nvml``: the module (tests pass a fake)."""
@@ -131,6 +134,9 @@ class _Sampler:
 
     def at_step(self, steps: int) -> None:
         self._step = steps
+
+    def peaks_by_step(self) -> dict[int, int]:
+        return dict(self._by_step)  # one C-level copy: the sampling thread may add a step meanwhile
 
     def start(
         self,

@@ -1,9 +1,11 @@
 """The trial's hooks into torch, installed before the user's script runs (by the harness, or by the
-injected sitecustomize for commands that are not ``python ...``): count optimizer steps, apply the plan at
-the first forward, and count that module's forwards between optimizer steps (its micro-batches: see
-autotune.runtime.trial), with what their inputs show (autotune.runtime.inputs); and the phases of a job
-inside Hugging Face's Trainer and Lightning (autotune.runtime.frameworks). torch itself is not imported
-here: the hooks go in when the script imports it (a framework's, when the script imports that).
+injected sitecustomize for commands that are not ``python ...``): count optimizer steps; at the first
+forward with gradients of a module the optimizer trains, find the model (every module tree the optimizer
+trains: autotune.backends.torch_model) and apply the plan, and from then on count that module's forwards
+between optimizer steps (its micro-batches: see autotune.runtime.trial), with what their inputs show
+(autotune.runtime.inputs); and the phases of a job inside Hugging Face's Trainer and Lightning
+(autotune.runtime.frameworks). torch itself is not imported here: the hooks go in when the script imports it
+(a framework's, when the script imports that).
 
 torch.compile: a compile plan's activation memory budget is set as torch is imported, before the script
 can compile anything, so a script that calls ``torch.compile`` itself is covered without a change (and
@@ -72,15 +74,30 @@ def _install_torch_hooks(torch: Any) -> None:
         if torch.is_grad_enabled():
             trial.forward(read_inputs(torch, args, kwargs, trial.request.batch_size))
 
+    not_model: set[int] = set()  # modules with trainable parameters that no optimizer holds (alive)
+
     def on_first_forward(module: Any, args: tuple[Any, ...]) -> None:
+        # The model is found at the first forward with gradients of a module the optimizer trains (a frozen
+        # feature extractor, a loss module, a teacher may run first): every tree it trains (torch_model).
+        model = module
+        if trial.request.backend is not Backend.ORT:
+            if id(module) in not_model or not torch.is_grad_enabled() or not _trainable(module):
+                return
+            from autotune.backends.torch_model import find_model
+
+            model = find_model(module)
+            if model is None:  # trained by no optimizer: never looked at again
+                not_model.update(id(m) for m in module.modules())
+                return
         handle.remove()
-        # with its keyword arguments from now on: Hugging Face models take theirs as input_ids=...
+        # its forwards are the trial's micro-batches, with their keyword arguments from now on (Hugging
+        # Face models take theirs as input_ids=...)
         module.register_forward_pre_hook(on_forward, with_kwargs=True)
         on_forward(module, args, {})
         if trial.plan_applied is not None:
             return
         if trial.request.backend is not Backend.ORT:
-            prepare(module)
+            prepare(model)
         elif type(module).__name__ == "ORTModule":
             prepare(module)  # the script wrapped it itself: record the plan (and the probe)
         else:  # a model ORT never sees would be measured as plain PyTorch
@@ -99,6 +116,10 @@ def _install_torch_hooks(torch: Any) -> None:
     module_module = importlib.import_module("torch.nn.modules.module")
     optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
     handle = module_module.register_module_forward_pre_hook(on_first_forward)
+
+
+def _trainable(module: Any) -> bool:
+    return any(p.requires_grad for p in module.parameters())
 
 
 def _hook_compile(torch: Any, trial: _Trial) -> None:

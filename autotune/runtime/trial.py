@@ -75,6 +75,7 @@ from autotune.core.protocol import (
     TrialReport,
     TrialRequest,
     rank_path,
+    read_settled,
     worst_case_enabled,
     write_progress,
 )
@@ -138,6 +139,7 @@ class _Trial:
         self.plan_applied: str | None = None
         self.candidates: list[dict[str, Any]] | None = None
         self.probe: Any = None  # autotune.backends.torch_probe.Probe, in a probe trial
+        self.settled: str | None = None  # why a settling verification ended: settled, time cap, step cap
         self.optimizer: Any = None
         self.explicit_steps = False
         self.counted_optimizer: int | None = None
@@ -208,7 +210,11 @@ class _Trial:
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
             self.last_step_end = time.perf_counter()
         write_progress(self.progress_path, self.steps, self.rank, self.phase_now)
-        if len(self.step_seconds) >= self.request.measured_steps and not self._unsettled():
+        if (
+            len(self.step_seconds) >= self.request.measured_steps
+            and not self._unsettled()
+            and not self._peak_settling()
+        ):
             self.measured = True
             if not self.due_phases():
                 self.finish()
@@ -279,6 +285,21 @@ class _Trial:
         if self.batch_seen != self.request.batch_size:
             raise BatchIgnored(batch_ignored_message(self.batch_seen, self.request.batch_size))
 
+    def _peak_settling(self) -> bool:
+        """Whether a verification runs on while its peak may still grow (autotune.trials.settle): until
+        the step the tuner wrote, or ``settle_steps`` past the measured ones."""
+        if not self.request.settle_steps:
+            return False
+        end = read_settled(self.request.settled_path)
+        if end is not None:
+            self.settled = end[1]
+            return self.steps < end[0]
+        past = len(self.step_seconds) - self.request.measured_steps
+        if past >= self.request.settle_steps:
+            self.settled = "step cap"
+            return False
+        return True
+
     def _unsettled(self) -> bool:
         """Whether the first measured step is still warming up: then it becomes warm-up (up to the cap)."""
         cap = max(self.request.warmup_max, self.request.warmup_steps)
@@ -321,6 +342,7 @@ class _Trial:
             batch_seen=self.batch_seen,
             phase_seconds=dict(self.phase_seconds) or None,
             own_checkpointing=self.own_checkpointing(),
+            settled=f"{self.settled} after {self.steps} steps" if self.settled else None,
         ).write(self.report_path)
 
     def own_checkpointing(self, counted: bool = True) -> str | None:

@@ -143,5 +143,6 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         **({"phase_peaks": result.phase_peaks} if result.phase_peaks else {}),
         **({"phase_seconds": result.phase_seconds} if result.phase_seconds else {}),
         **({"own_checkpointing": result.own_checkpointing} if result.own_checkpointing else {}),
+        **({"settled": result.settled} if result.settled else {}),
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
     }

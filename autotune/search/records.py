@@ -74,6 +74,7 @@ class TrialRecord:
     # each phase of the job it ran after its steps (eval, save): its largest memory sample
     phase_peaks: dict[str, int] | None = None
     own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
+    settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -169,6 +170,7 @@ _ATTRS = (
     "tokens_per_sec",
     "phase_peaks",
     "own_checkpointing",
+    "settled",
 )
 
 

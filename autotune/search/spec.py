@@ -24,6 +24,8 @@ from autotune.storage import BestRow
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
 
+VERIFY_SETTLE_STEPS = 250  # at most this many steps past a verification's measured ones (and settle_seconds)
+
 
 @dataclass(frozen=True)
 class TuneSpec:
@@ -73,8 +75,13 @@ class TuneSpec:
 
     @property
     def verify_settings(self) -> TrialSettings:
-        """A verification runs 3x the measured steps (at least 10)."""
-        return dataclasses.replace(self.settings, measured_steps=max(3 * self.settings.measured_steps, 10))
+        """A verification runs 3x the measured steps (at least 10), then on until its peak has stopped
+        growing, up to VERIFY_SETTLE_STEPS more (autotune.trials.settle)."""
+        return dataclasses.replace(
+            self.settings,
+            measured_steps=max(3 * self.settings.measured_steps, 10),
+            settle_steps=VERIFY_SETTLE_STEPS,
+        )
 
     @property
     def world_size(self) -> int:

@@ -194,21 +194,35 @@ def _fitting_configs(search: Search, records: list[TrialRecord]) -> list[tuple[C
 
 
 def _rivals(search: Search, leader: Configuration, records: list[TrialRecord]) -> list[Configuration]:
+    return rivals(leader, _fitting_configs(search, records), records, search.forward_shares)
+
+
+def rivals(
+    leader: Configuration,
+    ranked: list[tuple[Configuration, Interval]],
+    records: list[TrialRecord],
+    forward_shares: dict[str, float],
+) -> list[Configuration]:
     """The configurations that could be as fast as the leader (at most MAX_CONTENDERS - 1, the likeliest
-    first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
+    first; ``ranked``: the fitting configurations with their readings, fastest first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
     configuration's readings predicts them within it (a slow reading of a configuration the rest of the
-    landscape says is fast is the machine's noise, not the configuration's speed)."""
-    ranked = _fitting_configs(search, records)
+    landscape says is fast is the machine's noise, not the configuration's speed) and the model's own
+    structure does not rank them below the leader (:func:`_dominates`: the leader's plan at a smaller batch
+    is never faster than the leader, whatever a fit extrapolated below the batches it was fitted on says).
+
+    Measured (#32): a loop whose throughput is flat from batch 4 to 24 had batch 1 (20.3 samples/s) re-measured
+    twice against the 32.7 leader, none@24, on a fit of batches 4-24 that put batch 1 at the leader's speed."""
     own = dict(ranked).get(leader)
     if own is None:
         return []
     likely: dict[Configuration, float] = {}
     for config, reading in ranked:
-        others = speed_of([r for r in records if (r.batch_size, r.plan) != config], search.forward_shares)
+        others = speed_of([r for r in records if (r.batch_size, r.plan) != config], forward_shares)
         # Only what the others measured predicts a configuration: its plan's overhead or the curve itself.
         known = config[1] == others.reference or config[1] in others.overhead
         predicted = (others.predict(*config) or 0.0) if known else 0.0
-        if config != leader and (reading.overlaps(own) or predicted >= own.low):
+        plausible = predicted >= own.low and not _dominates(leader, config)
+        if config != leader and (reading.overlaps(own) or plausible):
             likely[config] = max(reading.mid, predicted)
     return sorted(likely, key=lambda c: -likely[c])[: MAX_CONTENDERS - 1]
 

@@ -29,6 +29,7 @@ from autotune.core.protocol import read_position, read_progress
 from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
 from autotune.trials._shim import descendants
 from autotune.trials.interrupts import StopRequested, TrialInterrupted
+from autotune.trials.settle import Settle
 
 SHIM = Path(__file__).with_name("_shim.py")
 POLL_SECONDS = 0.05
@@ -51,6 +52,7 @@ class Launch:
     # True once one of the trial's processes has ended it (a rank's out-of-memory or error): the rest of
     # the tree is stopped at once, so no rank waits in a collective for one that is gone.
     ended: Callable[[], bool] | None = None
+    settle: Settle | None = None  # a verification that runs on until its peak stops growing
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,8 @@ def _wait(
         elapsed = time.monotonic() - started
         steps = read_progress(launch.progress_path)
         meter.at_step(steps)
+        if launch.settle is not None:
+            launch.settle.watch(steps, meter.peaks_by_step())
         if on_poll is not None:
             on_poll(steps, elapsed)
         reason = "startup" if steps == 0 and elapsed > launch.startup_timeout else None

@@ -40,6 +40,7 @@ from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
 from autotune.trials.result import TrialResult, classify, throughput, token_throughput
 from autotune.trials.settings import TrialSettings
+from autotune.trials.settle import Settle
 from autotune.trials.workload import workload_of
 
 
@@ -182,6 +183,11 @@ def run_trial(
         ceiling=ceiling,
         ranks=watch if command.launcher else None,
         ended=lambda: rank_failed(request.report_path),
+        settle=(
+            Settle(Path(request.settled_path), request.total_steps, settings.settle_seconds)
+            if settings.settle_steps
+            else None
+        ),
     )
     before = LoadSnapshot.now()
     exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
@@ -243,6 +249,8 @@ def _request(
         grad_accum=grad_accum,
         check_plans=check_plans,
         phases=settings.phases,
+        settle_steps=settings.settle_steps,
+        settled_path=str(workdir / "settled.json") if settings.settle_steps else "",
     )
 
 
@@ -340,4 +348,5 @@ def _result(
         phase_peaks=dict(reading.by_phase) or None,
         phase_seconds=report.phase_seconds if report else None,
         own_checkpointing=report.own_checkpointing if report else None,
+        settled=report.settled if report else None,
     )

@@ -114,6 +114,7 @@ def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdenti
         batch_seen=_largest(r.batch_seen for r in reports.values()),
         phase_seconds=_slowest([r.phase_seconds for r in reports.values() if r.phase_seconds]),
         own_checkpointing=first.own_checkpointing if first else None,
+        settled=first.settled if first else None,
     )
 
 

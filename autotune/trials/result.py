@@ -63,6 +63,7 @@ class TrialResult:
     # the checkpointing the script does by itself, in words (None: none seen): the plan adds to it, and
     # plan none keeps it
     own_checkpointing: str | None = None
+    settled: str | None = None  # a settling verification: why it ended when it did (autotune.trials.settle)
 
     @property
     def batch_ignored(self) -> bool:

@@ -24,6 +24,10 @@ class TrialSettings:
     # phases of the job to run once after the measured steps (--with-eval, --with-save: core.protocol.PHASES),
     # each measured, its peak counted against the budget like the steps'
     phases: tuple[str, ...] = ()
+    # a verification's peak must have stopped growing: up to this many steps past the measured ones (0: a
+    # fixed length), and at most settle_seconds more (autotune.trials.settle)
+    settle_steps: int = 0
+    settle_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phases", tuple(self.phases))  # a job's stored settings give a list

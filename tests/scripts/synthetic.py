@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
     p.add_argument("--per-sample-seconds", type=float, default=0.0, help="step time added per sample")
     p.add_argument("--grow-mib", type=float, default=0, help="hold this much more at every step, forever")
+    p.add_argument("--grow-steps", type=int, default=None, help="... for this many steps only")
     p.add_argument(
         "--plan-effects",
         default="",
@@ -165,7 +166,7 @@ def main() -> None:
             time.sleep(1)
     grown = []
     for step in range(args.steps):
-        if args.grow_mib:
+        if args.grow_mib and (args.grow_steps is None or step < args.grow_steps):
             grown.append(touched(args.grow_mib))
         if step == args.crash_at:
             raise ValueError(f"synthetic crash at step {step}")

@@ -333,8 +333,8 @@ def test_a_script_s_own_checkpointing_turned_off_wins_where_it_is_faster_at_a_sm
 
 
 def test_a_leader_that_fails_verification_is_searched_past_not_fallen_back_from(tmp_path) -> None:
-    """Memory that grows 6 MiB a step: none@24 fits in the search's 4 steps (252 MiB, limit 275.5) and not
-    in its verification's 11 (294). The failure bounds none at 24, and the search goes on to 16, which
+    """Memory that grows 6 MiB a step for 12 steps: none@24 fits in the search's 4 steps (252 MiB, limit
+    275.5) and not once its verification has run on until the peak settled (300). The failure bounds none at 24, and the search goes on to 16, which
     verifies (230); the next fitting configuration measured before (4) was the answer."""
     args = ["--", *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.05 --per-sample-seconds 0.0005".split()]
     result = CliRunner().invoke(
@@ -343,6 +343,7 @@ def test_a_leader_that_fails_verification_is_searched_past_not_fallen_back_from(
             "run", "--budget", "290MiB", "--trials", "10", "--cache-dir", str(tmp_path), "--json",
             "--plans", "none", "--batch-sizes", "1-128", "--steps", "3", "--warmup-steps", "1",
             "--device", "cpu", "--study", "grows", str(SYNTHETIC), *args, "--grow-mib", "6",
+            "--grow-steps", "12",
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -1,0 +1,73 @@
+"""When a verification's peak has stopped growing: the tuner's side of a trial that runs on past its measured
+steps (autotune.core.protocol.TrialRequest.settle_steps).
+
+A peak can grow long after the first steps: the allocator's cache fills as rarer shapes arrive, a LoRA
+model's optimizer state and fragmentation build up. Measured (#32): Llama with LoRA through Trainer verified
+at 969.05 MiB (limit 972.80) peaked at 985.93 over 60 steps; T5 at batch 24 read 727.65 / 729.64 / 753.18
+MiB after 5 / 15 / 100 steps. A verification therefore goes on until the peak, as the meter samples it,
+rose by no more than the memory noise over the last ``SETTLE_WINDOW`` steps, or until ``settle_seconds``
+have passed since its measured steps (or the trial's own cap of extra steps). The tuner then writes, at the
+request's ``settled_path``, the step at which the trial ends: a step every rank has yet to finish, so that
+no rank leaves a collective the others still wait in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.core.protocol import write_settled
+
+# steps over which the peak must not have grown: a verification measures at least 10, so a peak reached in
+# its first steps (the usual case: weights, optimizer state, the allocator's cache) costs no step more
+SETTLE_WINDOW = 10
+# the rise that counts as no growth: the meter's own noise (an RSS page or two, NVML's 2 MiB granularity)
+SETTLE_TOLERANCE_BYTES = 2 * 2**20
+SETTLE_TOLERANCE_SHARE = 0.002
+END_MARGIN = 2  # steps past the tuner's last reading at which every rank ends
+
+
+@dataclass
+class Settle:
+    """A verification's settling, watched by the launcher: where to write the end, the steps its measured
+    part takes, and the time cap past those."""
+
+    path: Path
+    measured: int  # warm-up and measured steps: settling starts once the trial has finished these
+    seconds: float
+    started: float | None = field(default=None)  # when the trial finished its measured steps (monotonic)
+    written: bool = False
+
+    def watch(self, steps: int, by_step: Mapping[int, int]) -> None:
+        """At each poll: once the trial has run its measured steps, write the end when the peak has settled
+        or the time cap has passed."""
+        if self.written or steps < self.measured:
+            return
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        rise = growth(by_step, steps)
+        if rise is not None and rise[0] <= tolerance(rise[1]):
+            self._write(steps, "settled", rise[0])
+        elif now - self.started > self.seconds:
+            self._write(steps, "time cap", rise[0] if rise else None)
+
+    def _write(self, steps: int, reason: str, rise: int | None) -> None:
+        write_settled(self.path, steps + END_MARGIN, reason, rise)
+        self.written = True
+
+
+def growth(by_step: Mapping[int, int], steps: int) -> tuple[int, int] | None:
+    """How much the peak rose over the last SETTLE_WINDOW steps finished, and the peak now; None before the
+    trial has finished that many."""
+    if steps < SETTLE_WINDOW:
+        return None
+    peak_now = max((p for s, p in by_step.items() if s <= steps), default=0)
+    peak_then = max((p for s, p in by_step.items() if s <= steps - SETTLE_WINDOW), default=0)
+    return peak_now - peak_then, peak_now
+
+
+def tolerance(peak: int) -> int:
+    return max(SETTLE_TOLERANCE_BYTES, int(SETTLE_TOLERANCE_SHARE * peak))

@@ -1,0 +1,89 @@
+"""Which modules are the script's model (autotune.backends.torch_model), and a model of several trees
+probed, planned and checked as one (#32 item 2). In-process, tiny torch models; the trial of a real script
+of three modules is tests/runtime/test_whole_model.py."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from autotune.backends.plan_check import capture, check_plans_of
+from autotune.backends.torch_model import Whole, find_model, trees_of
+from autotune.backends.torch_modules import apply_plan, find_candidates
+from autotune.core.plans import parse_plan
+
+from conftest import Block
+
+
+class Body(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def three() -> tuple[nn.Module, nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    return nn.Embedding(50, 16), Body(), nn.Linear(16, 50)
+
+
+def test_the_model_is_every_tree_the_optimizer_trains_and_not_a_teacher_or_an_ema_copy() -> None:
+    emb, body, head = three()
+    teacher = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))  # trainable, in no optimizer
+    ema = copy.deepcopy(body)
+    frozen = Body().requires_grad_(False)
+    optimizer = torch.optim.SGD([*emb.parameters(), *body.parameters(), *head.parameters()], lr=0.1)
+    model = find_model(emb)
+    assert isinstance(model, Whole)
+    assert trees_of(model) == [emb, body, head]  # the first called first, then by class
+    assert find_model(teacher) is None
+    assert {c.cls: c.count for c in find_candidates(model)} == {"Block": 4}
+    del optimizer, ema, frozen
+
+
+def test_one_tree_is_the_model_itself_and_a_wrapper_is_its_tree() -> None:
+    emb, body, head = three()
+    model = nn.Sequential(emb, body, head)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert find_model(emb) is model  # a submodule's first forward: the tree it is in
+    compiled = torch.compile(model, backend="eager")
+    assert find_model(model) is compiled  # the wrapper holds the model: the tree is the wrapper
+    del optimizer
+
+
+def test_before_an_optimizer_exists_every_trainable_tree_is_the_model() -> None:
+    emb, body, head = three()
+    model = find_model(body)
+    assert trees_of(model)[0] is body and {id(emb), id(head)} <= {id(t) for t in trees_of(model)}
+
+
+def test_a_plan_on_several_trees_covers_them_together_and_is_checked_on_each_tree_s_inputs() -> None:
+    """Block:0.5 takes the first two of the body's four blocks; the check runs the three trees on their
+    own recorded inputs and passes with the numbers of no plan, and a plan that ran nowhere fails."""
+    emb, body, head = three()
+    optimizer = torch.optim.SGD([*emb.parameters(), *body.parameters(), *head.parameters()], lr=0.1)
+    model = find_model(emb)
+    assert model is not None
+    tokens = torch.randint(0, 50, (4, 8))
+    hidden = emb(tokens)
+    runs = [
+        (emb, capture((tokens,), {})),
+        (body, capture((hidden,), {})),
+        (head, capture((body(hidden),), {})),
+    ]
+    checks = check_plans_of(model, runs, ["Block:0.5", "Block:1"])
+    assert [(c.plan, c.ok, c.loss_delta, c.grad_delta) for c in checks] == [
+        ("Block:0.5", True, 0.0, 0.0),
+        ("Block:1", True, 0.0, 0.0),
+    ]
+    [idle] = check_plans_of(model, runs[:1], ["Block:1"])  # the body did not run: the plan wrapped nothing
+    assert idle.error == "the plan ran nowhere in the check step: no forward it wraps was called"
+    assert str(apply_plan(model, parse_plan("Block:0.5"))) == "Block:0.5"
+    assert [("forward" in b.__dict__) for b in body.blocks] == [True, True, False, False]
+    del optimizer
