@@ -144,9 +144,9 @@ class Probe:
             self.timing = self.forwards == TIMED_FORWARD
             if self.recording:
                 self.inputs_seen = {}
-        if self.recording and self.inputs_seen is not None and index not in self.inputs_seen:
-            self.inputs_seen[index] = plan_check.capture(args, kwargs)
         if self.recording:
+            if self.inputs_seen is not None and index not in self.inputs_seen:
+                self.inputs_seen[index] = plan_check.capture(args, kwargs)
             self.exits.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
             self.exits.enter_context(_Recorder(self))
         self.started[""] = _now()

@@ -132,11 +132,10 @@ def hugging_face(answer: BestAnswer) -> str:
     flags = " ".join(f"--{k} {v.lower() if v in ('True', 'False') else v}" for k, v in fields)
     lines.append(f"# as command-line flags: {flags}")
     lines += _own_lines(answer)
+    whole = own and plan == Plan(own_off=True)  # gradient_checkpointing=False is the whole plan
     if block and not none:
         lines.append(f"# gradient_checkpointing recomputes every {block}: the plan {answer.plan}")
-    elif own and plan == Plan(own_off=True):  # gradient_checkpointing=False is the whole plan
-        pass
-    elif not none:
+    elif not none and not whole:
         lines += _plan_lines(answer, "after the model is built, before the Trainer")
     return "\n".join(lines)
 

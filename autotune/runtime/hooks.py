@@ -81,10 +81,10 @@ def _install_torch_hooks(torch: Any) -> None:
         # feature extractor, a loss module, a teacher may run first): every tree it trains (torch_model).
         model = module
         if trial.request.backend is not Backend.ORT:
-            if id(module) in not_model or not torch.is_grad_enabled() or not _trainable(module):
-                return
-            from autotune.backends.torch_model import find_model
+            from autotune.backends.torch_model import find_model, trainable
 
+            if id(module) in not_model or not torch.is_grad_enabled() or not trainable(module):
+                return
             model = find_model(module)
             if model is None:  # trained by no optimizer: never looked at again
                 not_model.update(id(m) for m in module.modules())
@@ -116,10 +116,6 @@ def _install_torch_hooks(torch: Any) -> None:
     module_module = importlib.import_module("torch.nn.modules.module")
     optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
     handle = module_module.register_module_forward_pre_hook(on_first_forward)
-
-
-def _trainable(module: Any) -> bool:
-    return any(p.requires_grad for p in module.parameters())
 
 
 def _hook_compile(torch: Any, trial: _Trial) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.core.protocol import write_settled
@@ -37,7 +37,7 @@ class Settle:
     path: Path
     measured: int  # warm-up and measured steps: settling starts once the trial has finished these
     seconds: float
-    started: float | None = field(default=None)  # when the trial finished its measured steps (monotonic)
+    started: float | None = None  # when the trial finished its measured steps (monotonic)
     written: bool = False
 
     def watch(self, steps: int, by_step: Mapping[int, int]) -> None:
