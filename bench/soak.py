@@ -133,9 +133,20 @@ def space_for(trials: int) -> tuple[str, str]:
     return ",".join(str(b) for b in range(1, 26)), ";".join(plans)
 
 
+def _lasting_fds(pid: int, reads: int = 3) -> int:
+    """The worker's open fds, the fewest of a few reads 20 ms apart: a file held for an instant (the
+    meter's /proc reads at 20 Hz, a trial's log as it starts) is no leak. One read once counted 9 fds early
+    and 8 at the end (a fresh-clone CI run) and failed the soak for an fd that was not kept."""
+    counts = []
+    for _ in range(reads):
+        counts.append(len(os.listdir(f"/proc/{pid}/fd")))
+        time.sleep(0.02)
+    return min(counts)
+
+
 def _sample(pid: int, trials: int) -> Sample | None:
     try:
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        fds = _lasting_fds(pid)
         rss = next(
             int(line.split()[1])
             for line in Path(f"/proc/{pid}/status").read_text().splitlines()
