@@ -188,7 +188,7 @@ def _wait(
         steps = read_progress(launch.progress_path)
         meter.at_step(steps)
         if launch.settle is not None:
-            launch.settle.watch(steps, meter.peaks_by_step())
+            launch.settle.watch(steps, meter.peaks_by_step(), time.monotonic() - started)
         if on_poll is not None:
             on_poll(steps, elapsed)
         reason = "startup" if steps == 0 and elapsed > launch.startup_timeout else None

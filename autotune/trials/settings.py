@@ -25,7 +25,7 @@ class TrialSettings:
     # each measured, its peak counted against the budget like the steps'
     phases: tuple[str, ...] = ()
     # a verification's peak must have stopped growing: up to this many steps past the measured ones (0: a
-    # fixed length), and at most settle_seconds more (autotune.trials.settle)
+    # fixed length), and at most as long again as it ran, settle_seconds at most (autotune.trials.settle)
     settle_steps: int = 0
     settle_seconds: float = 120.0
 

@@ -5,8 +5,11 @@ A peak can grow long after the first steps: the allocator's cache fills as rarer
 model's optimizer state and fragmentation build up. Measured (#32): Llama with LoRA through Trainer verified
 at 969.05 MiB (limit 972.80) peaked at 985.93 over 60 steps; T5 at batch 24 read 727.65 / 729.64 / 753.18
 MiB after 5 / 15 / 100 steps. A verification therefore goes on until the peak, as the meter samples it,
-rose by no more than the memory noise over the last ``SETTLE_WINDOW`` steps, or until ``settle_seconds``
-have passed since its measured steps (or the trial's own cap of extra steps). The tuner then writes, at the
+rose by no more than the memory noise over the last ``SETTLE_WINDOW`` steps, or until as long again as the
+trial took to reach the end of its measured steps has passed (SETTLE_MIN_SECONDS at least, ``settle_seconds``
+at most) (or the trial's own
+cap of extra steps): a verification at most doubles. (A cap of 120 s alone let each verification of a
+compiled script whose CPU memory creeps run two more minutes: CI's compatibility phase went 11 -> 14 min.) The tuner then writes, at the
 request's ``settled_path``, the step at which the trial ends: a step every rank has yet to finish, so that
 no rank leaves a collective the others still wait in.
 """
@@ -26,6 +29,7 @@ SETTLE_WINDOW = 10
 # the rise that counts as no growth: the meter's own noise (an RSS page or two, NVML's 2 MiB granularity)
 SETTLE_TOLERANCE_BYTES = 2 * 2**20
 SETTLE_TOLERANCE_SHARE = 0.002
+SETTLE_MIN_SECONDS = 10.0  # the time cap of a short trial: enough for a few steps more of a quick script
 END_MARGIN = 2  # steps past the tuner's last reading at which every rank ends
 
 
@@ -38,20 +42,21 @@ class Settle:
     measured: int  # warm-up and measured steps: settling starts once the trial has finished these
     seconds: float
     started: float | None = None  # when the trial finished its measured steps (monotonic)
+    cap: float = 0.0  # seconds it may settle for: as long as it took to get there (see the module docstring)
     written: bool = False
 
-    def watch(self, steps: int, by_step: Mapping[int, int]) -> None:
-        """At each poll: once the trial has run its measured steps, write the end when the peak has settled
-        or the time cap has passed."""
+    def watch(self, steps: int, by_step: Mapping[int, int], elapsed: float) -> None:
+        """At each poll (``elapsed``: seconds since the trial was launched): once the trial has run its
+        measured steps, write the end when the peak has settled or the time cap has passed."""
         if self.written or steps < self.measured:
             return
         now = time.monotonic()
         if self.started is None:
-            self.started = now
+            self.started, self.cap = now, min(self.seconds, max(elapsed, SETTLE_MIN_SECONDS))
         rise = growth(by_step, steps)
         if rise is not None and rise[0] <= tolerance(rise[1]):
             self._write(steps, "settled", rise[0])
-        elif now - self.started > self.seconds:
+        elif now - self.started > self.cap:
             self._write(steps, "time cap", rise[0] if rise else None)
 
     def _write(self, steps: int, reason: str, rise: int | None) -> None:
