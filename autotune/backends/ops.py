@@ -147,3 +147,27 @@ def may_save(op: Any) -> bool:
     (dropout fills an ``empty_like`` in place) or a view — torch refuses a cached tensor that is mutated."""
     name = op_name(op)
     return not name.endswith("_") and _BY_NAME.get(name) not in ("factory", "view")
+
+
+def draws_random(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether this call of ``op`` draws from a random generator: an op torch tags ``nondeterministic_seeded``
+    (dropout, bernoulli, randn...), except an attention kernel called with ``dropout_p`` 0.
+
+    Selective recompute must never cache such an op: the recompute starts from the forward's generator state
+    and replays the region's random ops in order, so one whose output was cached draws nothing, and every
+    random op after it draws other numbers than the forward did. On an H100, ``GPT2Block:1/save=attention``
+    cached SDPA's fused dropout and the block's later dropouts drew other masks: gradients off by 0.36
+    (issue 31). On the CPU, dropout is ``bernoulli_`` in place (never cached), so only an out-of-place random
+    op shows it there."""
+    tags = getattr(op, "tags", ())
+    import torch  # only ever called inside a checkpointed region: torch is loaded
+
+    if torch.Tag.nondeterministic_seeded not in tags:
+        return False
+    schema = getattr(op, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    if "dropout_p" in names:
+        index = names.index("dropout_p")
+        p = kwargs.get("dropout_p", args[index] if index < len(args) else 0.0)
+        return bool(p)
+    return True

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from autotune.backends.ops import may_save, op_kind
+from autotune.backends.ops import draws_random, may_save, op_kind
 from autotune.backends.probe_report import ModuleCandidate
 from autotune.core.errors import InputError
 from autotune.core.plans import ModuleRule, OpPolicy, Plan
@@ -406,7 +406,9 @@ class _Offloaded:
 
 
 def _policy(ops: OpPolicy, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if may_save(op) and ops.saves(op_kind(op)):
+    """Save the kinds ``ops`` names, except an op that draws random numbers: it is always recomputed, so that
+    the recompute's random stream stays the forward's (autotune.backends.ops.draws_random)."""
+    if may_save(op) and ops.saves(op_kind(op)) and not draws_random(op, args, kwargs):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

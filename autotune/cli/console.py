@@ -121,6 +121,8 @@ def trial_line(r: TrialRecord, width: int = 100, names: PlanNames | None = None,
     speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
     outcome = r.outcome_text(None) if r.outcome is not None else str(r.kind)
     line = f"{head}  {outcome:<8} {peak:>10}{predicted}  {speed}"
+    if r.startup_seconds is not None:  # where its time went: starting, then its measured steps
+        line += f"  {r.startup_seconds:.1f}s+{r.measured_seconds or 0.0:.1f}s"
     if tail:
         line += f"  {tail}"
     return clip(line, width)

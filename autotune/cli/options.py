@@ -88,6 +88,27 @@ WARMUP_MAX = click.option(
     help="At most this many warm-up steps: a first measured step 1.5x slower than the others (a "
     "recompilation, autotuning) becomes warm-up and one more is measured, until then. --warmup-max 1: never.",
 )
+
+
+def _share(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """``3%`` or ``0.03`` as a share in [0, 1)."""
+    try:
+        share = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a share such as 3% or 0.03, got {value!r}") from None
+    if not 0 <= share < 1:
+        raise click.BadParameter(f"expected a share from 0% up to below 100%, got {value!r}")
+    return share
+
+
+TIGHT = click.option(
+    "--tight",
+    default=f"{TrialSettings.tight:.0%}",
+    show_default=True,
+    callback=_share,
+    help="Past --steps, a trial measures on while its throughput's interval is wider than this, for at most "
+    "a quarter of its start-up (10 s at most). 0: exactly --steps.",
+)
 WITH_EVAL = click.option(
     "--with-eval",
     is_flag=True,
@@ -129,7 +150,18 @@ def trial_options(command: F) -> F:
     cache_dir = cache_dir_option("Database and trial logs (default: the user cache dir).")
     return _apply(
         command,
-        [STEPS, WARMUP_STEPS, WARMUP_MAX, WITH_EVAL, WITH_SAVE, DEVICE, TIMEOUT, STARTUP_TIMEOUT, cache_dir],
+        [
+            STEPS,
+            WARMUP_STEPS,
+            WARMUP_MAX,
+            TIGHT,
+            WITH_EVAL,
+            WITH_SAVE,
+            DEVICE,
+            TIMEOUT,
+            STARTUP_TIMEOUT,
+            cache_dir,
+        ],
     )
 
 
@@ -169,6 +201,12 @@ def search_options(command: F) -> F:
                 show_default=True,
                 help="Margin the winner's verified peak keeps under the budget.",
             ),
+            click.option(
+                "--host-budget",
+                help="Host memory a trial's processes may hold (64GiB, 80% of the host); a trial passing it is "
+                "stopped, and an offload plan is not proposed where its pinned memory would pass it. "
+                "Default: what the host has available as the run starts, less 10%.",
+            ),
             click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Sampler seed."),
             click.option("--study", help="Study name (default: derived from the script and the search)."),
             click.option("--force", is_flag=True, help="Forget the stored study and tune again."),
@@ -195,6 +233,7 @@ def settings_of(options: dict[str, Any]) -> TrialSettings:
         options["startup_timeout"],
         options["timeout"],
         warmup_max=options["warmup_max"],
+        tight=options["tight"],
         phases=tuple(
             phase
             for phase, asked in (("eval", options["with_eval"]), ("save", options["with_save"]))

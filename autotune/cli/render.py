@@ -66,6 +66,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 *([("certainty", best.certainty)] if best.certainty else []),
                 *([("inputs", varied_lengths(lengths))] if lengths and lengths[0] != lengths[1] else []),
                 *([("phases", _phases_text(phases))] if phases else []),
+                *([("time", time_text(result))] if result.seconds is not None and not result.cached else []),
             ]
         ),
         markup=False,
@@ -167,6 +168,21 @@ def best_command(command: Sequence[str], budget: str, global_batch: int | None =
     return shlex.join([*words, "--", *command] if command else words)
 
 
+def time_text(result: TuneResult) -> str:
+    """This run's time to its answer, and where its trials' time went (issue 31: trials spent ~18 s starting
+    for 0.35 s of measured steps)."""
+    timed = [r for r in result.records if r.startup_seconds is not None]
+    text = f"{result.seconds:,.0f} s to answer"
+    if timed:
+        starting = sum(r.startup_seconds or 0.0 for r in timed)
+        measuring = sum(r.measured_seconds or 0.0 for r in timed)
+        text += (
+            f"; the study's {len(timed)} trials spent {starting:,.1f} s starting (to the end of their first "
+            f"step) and {measuring:,.1f} s in measured steps"
+        )
+    return text
+
+
 def as_json_text(result: TuneResult) -> str:
     return as_json(
         {
@@ -186,6 +202,7 @@ def as_json_text(result: TuneResult) -> str:
             "samples_per_sec_high": result.best.throughput.high,
             "readings": result.best.readings,
             "certainty": result.best.certainty,
+            "seconds": result.seconds,
             "lengths": lengths_of(result.records, (result.best.batch_size, result.best.plan)),
             "phase_peaks": phase_peaks_of(result.records, (result.best.batch_size, result.best.plan)) or None,
             "trials": [r.__dict__ for r in result.records],

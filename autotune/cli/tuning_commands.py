@@ -38,6 +38,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         global_batch=options["global_batch"],
         grad_accum=options["grad_accum"],
         gpus_per_trial=options["gpus_per_trial"],
+        host_budget=options["host_budget"],
     )
 
 

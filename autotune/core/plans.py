@@ -319,3 +319,8 @@ def recomputes_at_least(plan: Plan, other: Plan) -> bool:
 def _recomputed(ops: OpPolicy | None) -> set[str]:
     """The operator kinds a checkpointed region recomputes under ``ops`` (all of them without a policy)."""
     return {kind for kind in OP_KINDS if ops is None or not ops.saves(kind)}
+
+
+def offloads(plan: str) -> bool:
+    """Whether ``plan`` keeps saved tensors in host memory (a ``/offload`` rule; a plan per rank: any entry)."""
+    return "/offload" in plan

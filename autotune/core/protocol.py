@@ -52,11 +52,16 @@ class Outcome(TextEnum):
     )
     FAILED = "failed"
     TIMEOUT = "timeout"
+    # ended by a signal autotune did not send (the kernel's out-of-memory killer, most likely: an offload
+    # plan's pinned host memory), or stopped as its host memory passed the host budget; the launcher too
+    KILLED = "killed"
 
     @property
     def out_of_memory(self) -> bool:
-        """Ran out of memory, or was stopped before it could: its peak bounds what the configuration needs."""
-        return self in (Outcome.OOM, Outcome.OVER_BUDGET)
+        """Ran out of memory, or was stopped or killed before it could: its peak bounds what the configuration
+        needs, and no batch size as large is tried with its plan (a killed one's peak too: it is a lower bound
+        of the device's, and its host memory was what ran out)."""
+        return self in (Outcome.OOM, Outcome.OVER_BUDGET, Outcome.KILLED)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,12 @@ class TrialRequest:
     # has stopped growing (or its time cap is reached); all ranks end at that step (0: off).
     settle_steps: int = 0
     settled_path: str = ""
+    # measure on past ``measured_steps`` until the throughput's interval is within ``tight`` of its median
+    # (relative half-width; 0: a fixed number of steps), for at most ``measure_share`` of the trial's
+    # start-up and ``measure_cap`` seconds of measured steps (autotune.runtime.trial)
+    tight: float = 0.0
+    measure_share: float = 0.25
+    measure_cap: float = 10.0
 
     @property
     def total_steps(self) -> int:
@@ -282,12 +293,33 @@ def _steps(path: str | Path) -> int:
 
 
 def write_progress(
-    path: str | Path, steps: int, rank: RankIdentity | None = None, phase: str | None = None
+    path: str | Path,
+    steps: int,
+    rank: RankIdentity | None = None,
+    phase: str | None = None,
+    pinned: int | None = None,
 ) -> None:
+    """``pinned``: the bytes CUDA's pinned host allocator holds now (what an offload plan draws on)."""
     data: dict[str, Any] = {"steps": steps, **(asdict(rank) if rank is not None else {})}
     if phase is not None:
         data["phase"] = phase
+    if pinned:
+        data["pinned"] = pinned
     _write_json_atomic(Path(path), data)
+
+
+def read_pinned(path: str | Path) -> int | None:
+    """The pinned host bytes the trial last wrote, summed over its ranks (None: none written)."""
+    files = list(rank_files(path).values()) or [Path(path)]
+    total = None
+    for file in files:
+        try:
+            value = json.loads(file.read_text()).get("pinned")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int):
+            total = (total or 0) + value
+    return total
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -79,6 +79,7 @@ from autotune.core.protocol import (
     worst_case_enabled,
     write_progress,
 )
+from autotune.core.stats import median_interval
 from autotune.runtime.inputs import Inputs, Seen, batch_ignored_message
 
 M = TypeVar("M")
@@ -209,11 +210,12 @@ class _Trial:
         if self.probe is not None and hasattr(self.probe, "after_step"):
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
             self.last_step_end = time.perf_counter()
-        write_progress(self.progress_path, self.steps, self.rank, self.phase_now)
+        write_progress(self.progress_path, self.steps, self.rank, self.phase_now, _pinned_bytes())
         if (
             len(self.step_seconds) >= self.request.measured_steps
             and not self._unsettled()
             and not self._peak_settling()
+            and not self._measuring_on()
         ):
             self.measured = True
             if not self.due_phases():
@@ -299,6 +301,21 @@ class _Trial:
             self.settled = "step cap"
             return False
         return True
+
+    def _measuring_on(self) -> bool:
+        """Whether the throughput's interval is still wider than the request's ``tight`` and the trial may
+        measure longer: its measured steps have taken less than ``measure_share`` of its start-up (to the end
+        of its warm-up) and ``measure_cap`` seconds. A trial that took 18 s to start is worth more than 0.35 s
+        of measured steps. Not in a multi-process job: each rank would decide alone, and one that stopped
+        a step before another would leave it waiting in a collective."""
+        if not self.request.tight or self.rank is not None or not self.step_seconds:
+            return False
+        spent = sum(self.step_seconds)
+        startup = self.step_ends[self.warmup_steps - 1] if len(self.step_ends) >= self.warmup_steps else 0.0
+        if spent >= min(self.request.measure_share * startup, self.request.measure_cap):
+            return False
+        speed = median_interval([n / s for n, s in zip(self.step_samples, self.step_seconds, strict=True)])
+        return speed is not None and speed.noise > self.request.tight
 
     def _unsettled(self) -> bool:
         """Whether the first measured step is still warming up: then it becomes warm-up (up to the cap)."""
@@ -576,6 +593,18 @@ def _cuda_peaks() -> tuple[int | None, int | None]:
     if torch is None or not torch.cuda.is_initialized():
         return None, None
     return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+
+def _pinned_bytes() -> int | None:
+    """The bytes CUDA's pinned host allocator holds now (activation offload's saved tensors): the tuner's
+    account of a trial the kernel kills for host memory (None without CUDA, or a torch without the stat)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)) or None
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _compile_cache() -> dict[str, int] | None:

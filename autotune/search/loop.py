@@ -126,6 +126,7 @@ class Search:
         self.trials_run = 0
         self.misses = 0
         self.failures = 0
+        self.host_capped: set[str] = set()  # offload plans the host budget caps, said once each
 
     @property
     def name(self) -> str:
@@ -165,7 +166,8 @@ class Search:
                     counted,
                 )
             return Step.BUSY if busy else Step.FINISHED
-        model = model_of(records, self.savings)
+        model = model_of(records, self.savings, self.runner.host_budget)
+        self._note_host_caps(model)
         self._check_hopeless(records, model)
         speed = speed_of(records, self.forward_shares)
         taken = {(x.batch_size, x.plan) for x in leases}
@@ -201,6 +203,21 @@ class Search:
             self.stopped = reason
             self.reporter.note(reason)
             self.reporter.searching(counted, self.target, 0)
+
+    def _note_host_caps(self, model: MemoryModel) -> None:
+        """Say once per plan where the host budget caps an offload plan's batch sizes (issue 31: an offload
+        trial proposed at batch 24 pinned ~69 GB and the kernel killed it)."""
+        for plan in self.space.uniform_plans:
+            cap = model.host_cap(plan)
+            if cap is None or cap >= self.space.batch_sizes[-1] or plan in self.host_capped:
+                continue
+            self.host_capped.add(plan)
+            per_sample = model.saving(plan) or 0.0
+            self.reporter.note(
+                f"plan {plan} kept to batch {cap} at most: its pinned host memory, {format_bytes(int(per_sample))} "
+                f"per sample, would pass the host budget of {format_bytes(model.host_limit or 0)} above it "
+                "(--host-budget)"
+            )
 
     def _check_hopeless(self, records: list[TrialRecord], model: MemoryModel) -> None:
         """End a hopeless search before another trial: the probe's fixed memory alone passes the limit, or
@@ -273,7 +290,13 @@ class Search:
         self._measure(
             trial,
             lease,
-            predict_peak(records, model_of(records, self.savings), self.space, lease.batch_size, lease.plan),
+            predict_peak(
+                records,
+                model_of(records, self.savings, self.runner.host_budget),
+                self.space,
+                lease.batch_size,
+                lease.plan,
+            ),
             why,
         )
 

@@ -13,6 +13,10 @@ risen by RESOLVE times it; until then the search grows the calibration batch geo
 (:meth:`MemoryModel.calibration_batch`). A trial stopped over the budget or out of memory is a censored
 observation: its peak is a lower bound, which raises its plan's slope wherever the fit falls below it.
 
+An offload plan keeps what it saves in pinned host memory: about its saving per sample x the batch size
+(measured, else the probe's). No proposal of it takes a batch size whose pinned memory would pass the host
+budget (:meth:`MemoryModel.host_cap`): the kernel's out-of-memory killer, not the device, would end it.
+
 No proposal reaches further than EXTRAPOLATION times the largest batch size measured with its plan, and
 below a batch size that failed a proposal bisects (in the ladder's log scale) between the largest batch
 that fitted and the failure, never one rung at a time (:meth:`MemoryModel.reach`).
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.core.budget import fits
+from autotune.core.plans import offloads
 from autotune.core.protocol import Outcome
 
 MIN_SLOPE_SHARE = 0.05  # no plan keeps less than this share of the activations per sample
@@ -70,15 +75,26 @@ class MemoryModel:
     savings: dict[str, float] = field(default_factory=dict)  # predicted saving per sample vs none (the probe)
     noise: float = 0.0  # bytes: the half-width of one reading's noise (see memory_noise)
     bounds: dict[str, float] = field(default_factory=dict)  # least slope per plan its censored peaks allow
+    host_limit: int | None = None  # bytes of host memory a trial may hold (None: unbounded)
 
     @classmethod
-    def fit(cls, observations: Sequence[Observation], savings: dict[str, float] | None = None) -> MemoryModel:
+    def fit(
+        cls,
+        observations: Sequence[Observation],
+        savings: dict[str, float] | None = None,
+        host_limit: int | None = None,
+    ) -> MemoryModel:
         complete = [o for o in observations if o.complete]
         plans = sorted({o.plan for o in complete})
         calibrated = any(len({o.batch_size for o in complete if o.plan == p}) >= 2 for p in plans)
         noise = memory_noise(observations)
         if not calibrated:
-            return cls(observations=tuple(observations), savings=dict(savings or {}), noise=noise)
+            return cls(
+                observations=tuple(observations),
+                savings=dict(savings or {}),
+                noise=noise,
+                host_limit=host_limit,
+            )
         # Least squares on [fixed, slope(plan_1), ..., slope(plan_k)].
         rows = np.zeros((len(complete), 1 + len(plans)))
         rows[:, 0] = 1.0
@@ -99,6 +115,7 @@ class MemoryModel:
             savings=dict(savings or {}),
             noise=noise,
             bounds=bounds,
+            host_limit=host_limit,
         )
 
     @property
@@ -159,6 +176,17 @@ class MemoryModel:
         measured = self.measured_saving(plan)
         return measured if measured is not None else self.savings.get(plan)
 
+    def host_cap(self, plan: str) -> int | None:
+        """The largest batch size whose pinned host memory ``plan`` keeps within the host budget: an offload
+        plan's saving per sample (measured, else predicted) x the batch size; None for a plan that offloads
+        nothing, or where either is unknown."""
+        if self.host_limit is None or not offloads(plan):
+            return None
+        per_sample = self.saving(plan)
+        if per_sample is None or per_sample <= 0:
+            return None
+        return int(self.host_limit // per_sample)
+
     def ceiling(self, plan: str, limit: int) -> int | None:
         """The smallest batch size measured not to fit with ``plan``: no batch size from there up can fit
         ``plan`` (a plan's peak grows with its batch size; no other plan's measurement bounds it)."""
@@ -185,10 +213,13 @@ class MemoryModel:
         if self.fixed is None:
             return None
         ceiling = self.ceiling(plan, limit)
+        host = self.host_cap(plan)
         fitting = [
             b
             for b in batch_sizes
-            if (ceiling is None or b < ceiling) and self.fixed + b * self.optimistic_slope(plan) <= limit
+            if (ceiling is None or b < ceiling)
+            and (host is None or b <= host)
+            and self.fixed + b * self.optimistic_slope(plan) <= limit
         ]
         return max(fitting, default=None)
 
@@ -198,9 +229,12 @@ class MemoryModel:
         measured = {o.batch_size: o for o in self.observations if o.plan == plan}
         ceiling = self.ceiling(plan, limit)
         reach = self.reach(plan, batch_sizes, limit)
+        host = self.host_cap(plan)
         best = None
         for batch in batch_sizes:
             if (ceiling is not None and batch >= ceiling) or (reach is not None and batch > reach):
+                break
+            if host is not None and batch > host and batch not in measured:
                 break
             observed = measured.get(batch)
             predicted = self.predict(batch, plan)

@@ -63,8 +63,11 @@ class Finished:
     reason: str
 
 
-def model_of(records: Iterable[TrialRecord], savings: dict[str, float] | None = None) -> MemoryModel:
-    """The memory model fitted to every measured peak (an OOM's peak as a lower bound)."""
+def model_of(
+    records: Iterable[TrialRecord], savings: dict[str, float] | None = None, host_limit: int | None = None
+) -> MemoryModel:
+    """The memory model fitted to every measured peak (an OOM's peak as a lower bound); ``host_limit``: the
+    host budget an offload plan's pinned memory must stay within."""
     return MemoryModel.fit(
         [
             Observation(r.batch_size, r.plan, r.peak_bytes, r.outcome is Outcome.COMPLETE, r.memory_method)
@@ -72,6 +75,7 @@ def model_of(records: Iterable[TrialRecord], savings: dict[str, float] | None = 
             if r.measured and r.batch_size is not None and r.plan is not None and r.peak_bytes is not None
         ],
         savings,
+        host_limit,
     )
 
 

@@ -75,6 +75,8 @@ class TrialRecord:
     phase_peaks: dict[str, int] | None = None
     own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
     settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
+    startup_seconds: float | None = None  # from its launch to the end of its first step
+    measured_seconds: float | None = None  # its measured steps together
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -171,6 +173,8 @@ _ATTRS = (
     "phase_peaks",
     "own_checkpointing",
     "settled",
+    "startup_seconds",
+    "measured_seconds",
 )
 
 

@@ -15,6 +15,7 @@ from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
 from autotune.hardware.devices import Device, resolve_trial_device
+from autotune.hardware.host import host_budget_of
 from autotune.hardware.meters import make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.watch import grace_seconds
@@ -114,7 +115,7 @@ def resolve(
     )
     runner = TrialRunner(
         spec.command, spec.backend, device, make_meter(device, nvml), spec.settings, cache_dir(spec.cache_dir),
-        environ, stop, limit.budget_bytes, shield,
+        environ, stop, limit.budget_bytes, shield, host_budget_of(spec.host_budget),
     )  # fmt: skip
     if spec.study is not None:
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial

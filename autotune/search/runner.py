@@ -34,6 +34,7 @@ class TrialRunner:
     stop: threading.Event | None = None  # a stopping worker: trials are stopped and raise StopRequested
     ceiling: int | None = None  # the budget: a trial passing it is stopped at once (not the probe's)
     shield: InterruptShield | None = None  # the tuner's Ctrl-C shield: trials run inside its allow()
+    host_budget: int | None = None  # bytes of host memory a trial may hold (autotune.hardware.host)
 
     def __call__(
         self,
@@ -66,6 +67,7 @@ class TrialRunner:
             ceiling=None if probe else self.ceiling,
             grad_accum=grad_accum,
             check_plans=check_plans,
+            host_budget=self.host_budget,
         )
 
     def check(self) -> None:

@@ -54,6 +54,10 @@ class TuneSpec:
     # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
     helpers: tuple[str, ...] | None = None
     gpus_per_trial: int = 1  # each trial runs on this many GPUs (a torchrun job's ranks)
+    # The host memory a trial's processes may hold (absolute, or a share of the host's): this host's, not
+    # part of the job (a worker uses its own host's default). None: what the host has available as the run
+    # starts, less a margin (autotune.hardware.host.default_host_budget).
+    host_budget: Budget | None = None
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -155,6 +159,7 @@ def tune_spec(
     plans: Sequence[str] = (),
     headroom: str | float = DEFAULT_HEADROOM,
     backend: str | Backend = Backend.TORCH,
+    host_budget: str | Budget | None = None,
     **options: Any,
 ) -> TuneSpec:
     """A TuneSpec from what a user types: ``tune_spec(["train.py"], "40GB", plans=["all"], trials=8)``.
@@ -165,6 +170,7 @@ def tune_spec(
         batch_sizes: a range (``8-512``) or a list (``8,16,24``); None: the whole ladder.
         plans: plan strings, each possibly ';'-separated; empty: derived from the model.
         headroom: ``5%`` or ``0.05``.
+        host_budget: the host memory a trial may hold (``64GiB``, ``80%`` of the host); None: the default.
         options: the other TuneSpec fields as they are (trials, settings, seed, device, cache_dir,
             storage, study, force, exhaustive, helpers, global_batch, grad_accum, gpus_per_trial).
 
@@ -179,6 +185,7 @@ def tune_spec(
         plans=parse_plan_list(plans, backend) if plans else None,
         headroom=parse_headroom(headroom) if isinstance(headroom, str) else check_headroom(headroom),
         backend=backend,
+        host_budget=parse_budget(host_budget) if isinstance(host_budget, str) else host_budget,
         **options,
     )
 
@@ -197,3 +204,4 @@ class TuneResult:
     stopped: str | None = None  # why the search stopped before ``trials`` (None: it ran them all, or cached)
     global_batch: int | None = None  # the study's fixed global batch, if any
     grad_accum: int | None = None  # the winner's micro-batches per optimizer step (global batch or declared)
+    seconds: float | None = None  # this run's wall time, from its start to the answer

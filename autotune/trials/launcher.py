@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import TrialError
-from autotune.core.protocol import read_position, read_progress
+from autotune.core.protocol import read_pinned, read_position, read_progress
+from autotune.hardware.host import HostWatch
 from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
 from autotune.trials._shim import descendants
 from autotune.trials.interrupts import StopRequested, TrialInterrupted
@@ -53,6 +54,7 @@ class Launch:
     # the tree is stopped at once, so no rank waits in a collective for one that is gone.
     ended: Callable[[], bool] | None = None
     settle: Settle | None = None  # a verification that runs on until its peak stops growing
+    host_budget: int | None = None  # bytes of host memory the trial's tree may hold (None: no limit)
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,18 @@ class ProcessExit:
     signal: int | None
     main_maxrss_bytes: int
     wall_seconds: float
-    # "startup" or "run" (its timeouts), "ceiling" (its peak passed it), or "rank" (one rank ended it)
+    # "startup" or "run" (its timeouts), "ceiling" (its peak passed it), "host" (its host memory passed the
+    # host budget), or "rank" (one rank ended it)
     timed_out: str | None
-    stopped: bool  # autotune stopped it (timeout, ceiling or Ctrl-C)
+    stopped: bool  # autotune stopped it (timeout, ceiling, host budget or Ctrl-C)
     cpu_seconds: float | None = None  # user + system time of the main process and its reaped children
+    # the launcher (the shim) itself ended by a signal, leaving no result: its trial died with it
+    launcher_killed: bool = False
+    host_peak_bytes: int = 0  # the trial's host memory as the host watch sampled it: its largest
+    host_last_bytes: int = 0  # ... and its last sample
+    pinned_bytes: int | None = None  # CUDA's pinned host memory as the trial last wrote it (None: unknown)
+    first_step_seconds: float | None = None  # from the launch to the end of its first step (start-up)
+    host_budget: int | None = None  # the host budget it ran under (Launch.host_budget)
 
 
 def run_process(
@@ -88,6 +98,8 @@ def run_process(
     started = time.monotonic()
     shim = _start_shim(launch)
     timed_out: str | None = None
+    host = HostWatch(functools.partial(descendants, shim.pid), launch.host_budget)
+    first_step: list[float] = []
     try:  # from here on, whatever happens (a Ctrl-C included) stops the shim: no trial outlives its tuner
         meter.start(
             functools.partial(descendants, shim.pid),
@@ -96,7 +108,7 @@ def run_process(
             functools.partial(read_position, launch.progress_path),
         )
         with interruptible() if interruptible is not None else nullcontext():
-            timed_out = _wait(shim, launch, started, on_poll, stop, meter)
+            timed_out = _wait(shim, launch, started, on_poll, stop, meter, host, first_step)
     except KeyboardInterrupt as e:
         _stop(shim, launch.grace)
         raise TrialInterrupted from e
@@ -113,8 +125,15 @@ def run_process(
         main_maxrss_bytes=result["maxrss_bytes"],
         wall_seconds=wall,
         timed_out=timed_out,
-        stopped=result["stopped"],
+        # a launcher killed as autotune stopped its trial (a timeout, the host budget) was stopped, not killed
+        stopped=result["stopped"] or (result.get("launcher_killed", False) and timed_out is not None),
         cpu_seconds=result.get("cpu_seconds"),
+        launcher_killed=result.get("launcher_killed", False),
+        host_peak_bytes=host.peak,
+        host_last_bytes=host.last,
+        pinned_bytes=read_pinned(launch.progress_path),
+        first_step_seconds=first_step[0] if first_step else None,
+        host_budget=launch.host_budget,
     )
     return exit_info, reading
 
@@ -174,18 +193,27 @@ def _wait(
     on_poll: Callable[[int, float], None] | None,
     stop: threading.Event | None,
     meter: MemoryMeter,
+    host: HostWatch,
+    first_step: list[float],
 ) -> str | None:
+    """Wait for the trial to end, stopping it where it must; ``first_step`` gets the seconds from its start to
+    the end of its first step."""
     while shim.poll() is None:
         if stop is not None and stop.is_set():
             raise StopRequested
         if meter.over.wait(POLL_SECONDS):  # the meter's thread set it: passed the ceiling
             _kill(shim)
             return "ceiling"
+        if host.poll():  # before the kernel's out-of-memory killer ends it, and its launcher with it
+            _kill(shim)
+            return "host"
         if launch.ended is not None and launch.ended():
             _kill(shim)
             return "rank"
         elapsed = time.monotonic() - started
         steps = read_progress(launch.progress_path)
+        if steps and not first_step:
+            first_step.append(elapsed)
         meter.at_step(steps)
         if launch.settle is not None:
             launch.settle.watch(steps, meter.peaks_by_step(), time.monotonic() - started)
@@ -223,9 +251,23 @@ def _stop(shim: subprocess.Popen[bytes], grace: float) -> None:
 
 
 def _read_result(path: Path, shim: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The shim's account of its trial. A shim ended by a signal (the kernel's out-of-memory killer ends a
+    whole cgroup, the launcher with its trial) leaves none: its trial died with it (PR_SET_PDEATHSIG), and
+    the signal is the trial's outcome, never the tuner's end (issue 31: a study wedged on every resume).
+
+    Raises:
+        TrialError: the shim exited on its own and left no result (a bug in autotune, not a trial's end)."""
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
+        if shim.returncode is not None and shim.returncode < 0:
+            return {
+                "exit_code": None,
+                "signal": -shim.returncode,
+                "maxrss_bytes": 0,
+                "stopped": False,
+                "launcher_killed": True,
+            }
         raise TrialError(
             f"the trial launcher exited with code {shim.returncode} and left no result ({path})"
         ) from e

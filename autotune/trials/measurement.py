@@ -31,6 +31,7 @@ from autotune.core.protocol import (
     TrialRequest,
 )
 from autotune.hardware.devices import Device, gpus_in, resolve_device
+from autotune.hardware.host import default_host_budget
 from autotune.hardware.load import LoadSnapshot
 from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
@@ -160,12 +161,15 @@ def run_trial(
     ceiling: int | None = None,
     grad_accum: int | None = None,
     check_plans: tuple[str, ...] = (),
+    host_budget: int | None = None,
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
 
     ``ceiling``: bytes; a trial whose sampled peak passes it is stopped at once and ends ``over-budget``.
     ``grad_accum``: micro-batches per optimizer step the trial asks for (None: the script's own, counted).
     ``check_plans``: a probe also checks these plans against no plan.
+    ``host_budget``: bytes of host memory the trial's processes may hold (None: what the host has available
+    now, less a margin); a trial passing it is stopped at once and ends ``killed``.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     workdir = new_trial_dir(root)
     watch = RankWatch(workdir / "progress.json")
@@ -181,6 +185,7 @@ def run_trial(
         grace=settings.grace,
         cwd=Path(command.cwd) if command.cwd else None,
         ceiling=ceiling,
+        host_budget=host_budget if host_budget is not None else default_host_budget(),
         ranks=watch if command.launcher else None,
         ended=lambda: rank_failed(request.report_path),
         settle=(
@@ -251,6 +256,7 @@ def _request(
         phases=settings.phases,
         settle_steps=settings.settle_steps,
         settled_path=str(workdir / "settled.json") if settings.settle_steps else "",
+        tight=settings.tight,
     )
 
 
@@ -349,4 +355,6 @@ def _result(
         phase_seconds=report.phase_seconds if report else None,
         own_checkpointing=report.own_checkpointing if report else None,
         settled=report.settled if report else None,
+        startup_seconds=exit_info.first_step_seconds,
+        measured_seconds=sum(report.step_seconds) if report and report.step_seconds else None,
     )

@@ -11,6 +11,7 @@ from autotune.backends.probe_report import ModuleCandidate, ProbeReport
 from autotune.core.budget import fits, peak_phase
 from autotune.core.protocol import Outcome, RankResult, TrialReport
 from autotune.core.stats import Interval, median_interval
+from autotune.hardware.host import kill_cause, mib
 from autotune.hardware.load import Load
 from autotune.runtime.inputs import batch_ignored_message
 from autotune.trials.launcher import ProcessExit
@@ -64,6 +65,10 @@ class TrialResult:
     # plan none keeps it
     own_checkpointing: str | None = None
     settled: str | None = None  # a settling verification: why it ended when it did (autotune.trials.settle)
+    # where its wall time went: from the launch to the end of its first step (imports, building the model,
+    # CUDA, the first step's compilation), and its measured steps together (issue 31: ~18 s vs 0.35 s)
+    startup_seconds: float | None = None
+    measured_seconds: float | None = None
 
     @property
     def batch_ignored(self) -> bool:
@@ -109,15 +114,23 @@ def classify(
         return Outcome.TIMEOUT, f"still running after {settings.timeout:g}s"
     if exit_info.timed_out == "ceiling":
         return Outcome.OVER_BUDGET, "stopped as its peak passed the budget (the peak is a lower bound)"
+    if exit_info.timed_out == "host":
+        pinned = f", {mib(exit_info.pinned_bytes)} of it pinned by CUDA" if exit_info.pinned_bytes else ""
+        return Outcome.KILLED, (
+            f"stopped as its host memory passed the host budget ({mib(exit_info.host_last_bytes)}{pinned}, "
+            f"budget {mib(exit_info.host_budget)}: --host-budget), before the kernel's out-of-memory killer"
+        )
     if report is not None:
         return report.outcome, report.error
+    name = signal.Signals(exit_info.signal).name if exit_info.signal is not None else None
+    who = "its launcher and it" if exit_info.launcher_killed else "it"
     if exit_info.signal == signal.SIGKILL and not exit_info.stopped:
-        return (
-            Outcome.OOM,
-            "killed by SIGKILL without a report (most likely the kernel's out-of-memory killer)",
+        return Outcome.KILLED, (
+            f"SIGKILL ended {who} before it reported: "
+            f"{kill_cause(exit_info.host_peak_bytes, exit_info.pinned_bytes)}"
         )
     if exit_info.signal is not None:
-        return Outcome.FAILED, f"killed by {signal.Signals(exit_info.signal).name}"
+        return Outcome.FAILED, f"{name} ended {who} before it reported"
     return Outcome.FAILED, f"exited with code {exit_info.exit_code} before any training step was reported"
 
 

@@ -28,6 +28,10 @@ class TrialSettings:
     # fixed length), and at most as long again as it ran, settle_seconds at most (autotune.trials.settle)
     settle_steps: int = 0
     settle_seconds: float = 120.0
+    # measured steps go on until the throughput's interval is this tight (relative half-width), for at most
+    # a quarter of the trial's start-up and 10 s: issue 31's GPU trials started for ~18 s and measured 5
+    # steps in 0.35 s, and readings of one configuration ranged 27.5-37.9 samples/s (0: a fixed count)
+    tight: float = 0.03
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phases", tuple(self.phases))  # a job's stored settings give a list
@@ -40,6 +44,8 @@ class TrialSettings:
             )
         if self.measured_steps < 1:
             raise InputError(f"measured steps must be at least 1, got {self.measured_steps}")
+        if not 0 <= self.tight < 1:
+            raise InputError(f"--tight must be a share from 0 up to below 1, got {self.tight}")
         for name in ("startup_timeout", "timeout", "grace"):
             if not getattr(self, name) > 0:
                 raise InputError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)}")

@@ -16,8 +16,10 @@ the database can help with.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -53,8 +55,10 @@ def tune(
     """
     reporter = reporter or SilentReporter()
     env = dict(os.environ if environ is None else environ)
+    started = time.monotonic()
     with InterruptShield() as shield:  # from the probe on: a Ctrl-C stops a trial cleanly, never a write
-        return _tune(spec, env, reporter, nvml, shield)
+        result = _tune(spec, env, reporter, nvml, shield)
+    return dataclasses.replace(result, seconds=time.monotonic() - started)
 
 
 def _tune(

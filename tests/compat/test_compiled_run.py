@@ -35,7 +35,7 @@ def test_a_compiled_script_is_tuned_over_compile_budgets_and_batch_sizes(tmp_pat
     is the setting to apply."""
     script = str(SCRIPTS / "compiled.py")
     common = ["--device", "cpu", "--cache-dir", str(tmp_path), "--study", "compiled"]
-    budgets = [f"compile:{r}" for r in ("0", "0.5", "0.6", "0.7", "0.8", "0.9")]
+    budgets = [f"compile:{r}" for r in ("0", "0.5", "0.7", "0.9")]
     run = autotune(
         "run", "--budget", "2GiB", "--batch-sizes", "8-32", "--exhaustive", "--trials", "8",
         "--plans", ";".join(["none", *budgets]), *common, script, *MODEL,

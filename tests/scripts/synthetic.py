@@ -112,6 +112,14 @@ def main() -> None:
     )
     p.add_argument("--hang-rank", type=int, default=None, help="this rank stops stepping at --hang-at")
     p.add_argument("--hang-at", type=int, default=2)
+    p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
+    p.add_argument(
+        "--kill-launcher-above",
+        type=int,
+        default=None,
+        help="above this batch size, at step 1: SIGKILL to the parent (the trial's launcher), then to itself "
+        "(a kernel's out-of-memory kill of the whole group, as an offload trial's pinned memory drew on a GPU)",
+    )
     args = p.parse_args()
     rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
     whole_plan = autotune.parse_plan(os.environ.get("AUTOTUNE_PLAN", "none"))
@@ -164,6 +172,7 @@ def main() -> None:
     if args.never_step:
         while True:
             time.sleep(1)
+    time.sleep(args.startup_seconds)  # imports, building a model, CUDA: a GPU trial's ~18 s (issue 31)
     grown = []
     for step in range(args.steps):
         if args.grow_mib and (args.grow_steps is None or step < args.grow_steps):
@@ -175,6 +184,9 @@ def main() -> None:
         if args.hang_rank is not None and rank == args.hang_rank and step == args.hang_at:
             while True:
                 time.sleep(1)
+        if step == 1 and args.kill_launcher_above is not None and batch > args.kill_launcher_above:
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
         spike = touched(args.spike_mib) if step == 1 else None
         time.sleep(step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
         del spike

@@ -89,3 +89,21 @@ def test_largest_fitting_batch_and_measurement_overrules_the_model() -> None:
     # Measured to fit where the model predicted it would not: the measurement wins.
     model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140), obs(16, "none", 180)])
     assert model.largest_fitting("none", batches, 185 * MiB) == 16
+
+
+def test_an_offload_plan_is_kept_to_the_batch_sizes_whose_pinned_memory_fits_the_host_budget() -> None:
+    """An offload plan keeps what it saves in pinned host memory: its saving per sample (the probe's, until
+    measured) x the batch size. Issue 31 saw offload proposed at batch 24 on a GPT-2 medium (~2.8 GiB saved per
+    sample): ~69 GB pinned, and the kernel killed the trial. The device (here 10 GiB) would fit batch 32."""
+    batches = (1, 2, 4, 8, 16, 24, 32)
+    observed = [obs(1, "none", 1100), obs(4, "none", 1400)]  # 100 MiB per sample
+    savings = {"B:1/offload": 90 * MiB, "B:1": 90 * MiB}
+    model = MemoryModel.fit(observed, savings, host_limit=1000 * MiB)
+    assert model.host_cap("B:1/offload") == 11  # 1000 MiB / 90 MiB per sample
+    assert model.largest_fitting("B:1/offload", batches, 10_000 * MiB) == 8
+    assert model.largest_possible("B:1/offload", batches, 10_000 * MiB) == 8
+    assert model.host_cap("B:1") is None and model.largest_fitting("B:1", batches, 10_000 * MiB) == 32
+    # measured: its own saving decides (20 MiB per sample: 50 fit the host budget)
+    measured = MemoryModel.fit([*observed, obs(8, "B:1/offload", 1640)], savings, host_limit=1000 * MiB)
+    assert measured.host_cap("B:1/offload") == 50
+    assert MemoryModel.fit(observed, savings).host_cap("B:1/offload") is None  # no host budget, no cap

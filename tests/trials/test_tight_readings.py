@@ -1,0 +1,52 @@
+"""A reading worth its trial (issue 31): a trial measures past its 5 steps while its throughput's interval
+is wider than TrialSettings.tight (3%), for at most a quarter of its start-up (and 10 s). On an H100 a trial
+took ~18 s to start and measured 5 steps in 0.35 s; readings of one configuration ranged 27.5-37.9 samples/s.
+
+The rule is replayed exactly on each trial's steps: every count it measured on at was still wide, and where
+it stopped the interval was tight or a quarter of its start-up was spent; the trial's start-up and measured
+seconds are reported."""
+
+from __future__ import annotations
+
+from autotune.core.protocol import Outcome
+from autotune.core.stats import median_interval
+from autotune.trials.settings import TrialSettings
+
+STARTUP = 4.0  # seconds the script sleeps before its first step
+TIGHT = TrialSettings().tight
+
+
+def noise(steps: list[float], batch: int) -> float:
+    interval = median_interval([batch / s for s in steps])
+    assert interval is not None
+    return interval.noise
+
+
+def replay(result, measured: int) -> None:
+    steps = list(result.step_seconds)
+    assert len(steps) >= measured
+    for k in range(measured, len(steps)):  # it measured on: still wide, and its time not spent
+        assert noise(steps[:k], result.batch_size) > TIGHT, (k, steps)
+        assert sum(steps[:k]) < 0.25 * result.startup_seconds, (k, steps)
+    # it stopped: tight, or a quarter of its start-up (at least STARTUP: the runtime's own count) spent
+    assert noise(steps, result.batch_size) <= TIGHT or sum(steps) >= 0.25 * STARTUP, steps
+    assert result.measured_seconds == sum(steps)
+    assert STARTUP < result.startup_seconds < result.wall_seconds
+
+
+def test_noisy_steps_are_measured_longer_and_steady_ones_are_not(synthetic) -> None:
+    common = ("--startup-seconds", str(STARTUP), "--step-seconds", "0.05")
+    noisy = synthetic(4, *common, "--noise", "0.6", "--seed", "1", measured_steps=5)
+    assert noisy.outcome is Outcome.COMPLETE
+    assert len(noisy.step_seconds) > 5  # five steps spread ±60% are no reading
+    replay(noisy, 5)
+    steady = synthetic(4, *common, measured_steps=5)
+    assert steady.outcome is Outcome.COMPLETE
+    replay(steady, 5)
+    assert len(steady.step_seconds) < len(noisy.step_seconds)
+
+
+def test_a_fixed_count_where_tight_is_zero(synthetic) -> None:
+    common = ("--startup-seconds", str(STARTUP), "--noise", "0.6", "--seed", "1")
+    result = synthetic(4, *common, measured_steps=5, tight=0.0)
+    assert len(result.step_seconds) == 5
