@@ -102,6 +102,7 @@ class Search:
         worker: str | None = None,
         forward_shares: dict[str, float] | None = None,
         fixed_bytes: int | None = None,
+        transfer: dict[str, float] | None = None,
         headroom: float = 0.0,
         exhaustive: bool = False,
     ) -> None:
@@ -114,6 +115,7 @@ class Search:
         self.store = store
         self.savings = savings or {}  # the probe's predicted saving per sample of each plan
         self.forward_shares = forward_shares or {}  # the probe's share of the forward pass each plan repeats
+        self.transfer = transfer or {}  # an offload plan's least seconds per sample to the host and back
         self.fixed_bytes = fixed_bytes  # the probe's weights, gradients and optimizer state
         self.headroom = headroom
         self.exhaustive = exhaustive
@@ -169,7 +171,7 @@ class Search:
         model = model_of(records, self.savings, self.runner.host_budget)
         self._note_host_caps(model)
         self._check_hopeless(records, model)
-        speed = speed_of(records, self.forward_shares)
+        speed = speed_of(records, self.forward_shares, self.transfer)
         taken = {(x.batch_size, x.plan) for x in leases}
         proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
         if proposal is None and self.misses >= DIRECT_AFTER:  # the sampler repeats itself

@@ -80,7 +80,9 @@ def model_of(
 
 
 def speed_of(
-    records: Iterable[TrialRecord], forward_shares: dict[str, float] | None = None
+    records: Iterable[TrialRecord],
+    forward_shares: dict[str, float] | None = None,
+    transfer: dict[str, float] | None = None,
 ) -> ThroughputModel:
     """The throughput model fitted to every completed reading, fitting or not (a configuration over the
     budget still says how fast its batch size runs)."""
@@ -95,6 +97,7 @@ def speed_of(
             and (speed := r.throughput) is not None
         ],
         forward_shares,
+        transfer,
     )
 
 

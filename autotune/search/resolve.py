@@ -14,6 +14,7 @@ from autotune.backends.probe import check_plans, forward_share, saving_per_sampl
 from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
+from autotune.core.plans import offloads
 from autotune.hardware.devices import Device, resolve_trial_device
 from autotune.hardware.host import host_budget_of
 from autotune.hardware.meters import make_meter
@@ -47,6 +48,7 @@ class ResolvedJob:
     probes_run: int  # trials the probe took in this process (0 or 1)
     forward_shares: dict[str, float]  # the probe's share of the forward pass each plan repeats
     fixed_bytes: int | None  # the probe's weights, gradients and optimizer state
+    transfer: dict[str, float]  # an offload plan's least seconds per sample to the host and back
 
     def search(self, study: optuna.Study, reporter: Reporter, worker: str) -> Search:
         return Search(
@@ -62,6 +64,7 @@ class ResolvedJob:
             worker=worker,
             forward_shares=self.forward_shares,
             fixed_bytes=self.fixed_bytes,
+            transfer=self.transfer,
             headroom=self.limit.headroom,
             exhaustive=self.spec.exhaustive,
         )
@@ -130,7 +133,7 @@ def resolve(
     row = _study_row(spec, workload, limit, space)
     return ResolvedJob(
         spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run,
-        _forward_shares(probe, space), _fixed_bytes(probe),
+        _forward_shares(probe, space), _fixed_bytes(probe), _transfer(probe, space),
     )  # fmt: skip
 
 
@@ -148,6 +151,25 @@ def _forward_shares(probe: ProbeReport | None, space: SearchSpace) -> dict[str, 
         return {}
     shares = {plan: forward_share(probe, plan) for plan in space.uniform_plans if plan != "none"}
     return {plan: share for plan, share in shares.items() if share is not None}
+
+
+# The fastest host link a GPU has, per direction: PCIe 5.0 x16 (64 GB/s). An offload plan's copies can go no
+# faster, so its time per sample is a bound on how slow it is (NVLink-C2C hosts are faster: a bound still).
+HOST_LINK_BYTES_PER_SECOND = 64e9
+
+
+def _transfer(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:
+    """Each offload plan's least seconds per sample moving what it saves to the host and back (its
+    predicted saving per sample, twice, over HOST_LINK_BYTES_PER_SECOND)."""
+    if probe is None:
+        return {}
+    seconds = {}
+    for plan in space.uniform_plans:
+        if offloads(plan):
+            saving = saving_per_sample(probe, plan)
+            if saving:
+                seconds[plan] = 2 * saving / HOST_LINK_BYTES_PER_SECOND
+    return seconds
 
 
 def _fixed_bytes(probe: ProbeReport | None) -> int | None:

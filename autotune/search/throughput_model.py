@@ -19,7 +19,10 @@ and how noisy the readings were: the fit plus the readings' noise; beyond the la
 flattest step-time line the noisy readings allow (with one batch size measured: throughput proportional to
 the batch, which no real step beats); below a larger batch the plan was read at, no less than that reading
 allows (throughput does not fall with the batch: the reading bounds every smaller one); for a plan, the smallest overhead its readings allow, or, unmeasured,
-its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes. A
+its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes; an offload
+plan, unmeasured, at least the time its saved bytes take to the host and back over the fastest link a GPU has
+(``transfer``: seconds per sample, HOST_LINK_BYTES_PER_SECOND), beyond the per-sample time it could hide
+behind. A
 configuration whose optimistic prediction cannot beat the incumbent by more than the noise is not worth a
 trial (autotune.search.propose).
 """
@@ -78,6 +81,8 @@ class ThroughputModel:
     noise: float = NOISE_FLOOR  # the reference plan's readings' median relative noise
     overhead: dict[str, Interval] = field(default_factory=dict)  # measured, per plan
     forward_shares: dict[str, float] = field(default_factory=dict)  # the probe's, per plan
+    # an offload plan's least seconds per sample moving its saved tensors to the host and back
+    transfer: dict[str, float] = field(default_factory=dict)
     pooled: dict[Configuration, Interval] = field(
         default_factory=dict
     )  # each configuration, all its readings
@@ -85,9 +90,13 @@ class ThroughputModel:
 
     @classmethod
     def fit(
-        cls, readings: Sequence[Reading], forward_shares: dict[str, float] | None = None
+        cls,
+        readings: Sequence[Reading],
+        forward_shares: dict[str, float] | None = None,
+        transfer: dict[str, float] | None = None,
     ) -> ThroughputModel:
         shares = dict(forward_shares or {})
+        moves = dict(transfer or {})
         grouped: dict[Configuration, list[Interval]] = defaultdict(list)
         for r in readings:
             grouped[(r.batch_size, r.plan)].append(r.throughput)
@@ -96,7 +105,7 @@ class ThroughputModel:
         for (batch, plan), speed in configs.items():
             by_plan[plan][batch] = speed
         if not by_plan:
-            return cls(forward_shares=shares)
+            return cls(forward_shares=shares, transfer=moves)
         reference = "none" if "none" in by_plan else max(by_plan, key=lambda p: len(by_plan[p]))
         base = by_plan[reference]
         line, flat = _fit_lines(base)
@@ -107,6 +116,7 @@ class ThroughputModel:
             largest=max(base),
             noise=float(np.median([s.noise for s in base.values()])),
             forward_shares=shares,
+            transfer=moves,
             pooled=configs,
             between=between_trials(list(grouped.values())),
         )
@@ -121,10 +131,25 @@ class ThroughputModel:
         """Expected samples/s of ``plan`` at ``batch`` (None before two batch sizes were measured)."""
         if self.line is None:
             return None
-        return self.line.speed(batch, self._expected_overhead(plan))
+        speed = self.line.speed(batch, self._expected_overhead(plan))
+        bound = self._copies_bound(plan)
+        return speed if bound is None else min(speed, bound)
 
     def optimistic(self, batch: int, plan: str) -> float | None:
-        """The most ``plan`` at ``batch`` could reach (see the module docstring); None with no reading."""
+        """The most ``plan`` at ``batch`` could reach (see the module docstring); None with no reading. An
+        offload plan not measured yet reaches no more than its copies allow (:meth:`_copies_bound`)."""
+        value = self._optimistic(batch, plan)
+        bound = self._copies_bound(plan)
+        return value if value is None or bound is None else min(value, bound)
+
+    def _copies_bound(self, plan: str) -> float | None:
+        """Samples/s an unmeasured offload plan cannot beat however well it overlaps: one sample's saved
+        tensors to the host and back per ``transfer`` seconds (a link's bound: GPT-2 medium's 2.56 GiB a
+        sample, 11.6 samples/s over 64 GB/s; measured on an H200 at batch 7: 9.1)."""
+        seconds = self.transfer.get(plan)
+        return 1.0 / seconds if seconds and plan not in self.overhead else None
+
+    def _optimistic(self, batch: int, plan: str) -> float | None:
         if self.reference is None or self.flat is None:
             return None
         overhead = self.least_overhead(plan)
@@ -168,10 +193,25 @@ class ThroughputModel:
         )
         if own is None and "|" in plan:
             least = min(self.least_overhead(entry) for entry in dict.fromkeys(plan.split("|")))
+        if own is None and plan in self.transfer:
+            least = max(least, self._transfer_overhead(plan))
         for other, measured in self.overhead.items():
             if other != plan and plan_recomputes_at_least(plan, other):
                 least = max(least, measured.low)
         return max(least, 0.0) if self.reference == "none" and not _own_off(plan) else least
+
+    def _transfer_overhead(self, plan: str) -> float:
+        """The least overhead an offload plan's copies to the host and back cost: the part of their time per
+        sample that the reference plan's compute could hide, at most its whole step's time per sample at
+        its largest batch measured (the low end of that reading: a bound, whatever the step's fixed part).
+        Issue 31: Block:1/offload ran 5x slower than Block:1 on an H100 (examples/gpt.py) and 4.6x on an
+        H200 (GPT-2 medium, 9.1 samples/s at batch 7), proposed as if free; GPT-2 medium's 2.56 GiB a sample
+        take at least 0.086 s over a 64 GB/s link and back, where a whole step took 0.038 s a sample at 2."""
+        seconds = self.transfer.get(plan)
+        reading = self.pooled.get((self.largest, self.reference or ""))
+        if not seconds or reading is None or reading.low <= 0:
+            return 0.0
+        return max(seconds * reading.low - 1.0, 0.0)
 
     def _expected_overhead(self, plan: str) -> float:
         if plan == self.reference:
@@ -179,7 +219,8 @@ class ThroughputModel:
         own = self.overhead.get(plan)
         if own is not None:
             return own.mid
-        return self.forward_shares.get(plan, 0.0) * EXPECTED_FORWARD_SHARE
+        expected = self.forward_shares.get(plan, 0.0) * EXPECTED_FORWARD_SHARE
+        return max(expected, self._transfer_overhead(plan)) if plan in self.transfer else expected
 
     def _measured_overhead(self, points: dict[int, Interval]) -> Interval | None:
         """A plan's overhead from its readings: how much longer its per-sample time is than the reference

@@ -194,7 +194,7 @@ def _fitting_configs(search: Search, records: list[TrialRecord]) -> list[tuple[C
 
 
 def _rivals(search: Search, leader: Configuration, records: list[TrialRecord]) -> list[Configuration]:
-    return rivals(leader, _fitting_configs(search, records), records, search.forward_shares)
+    return rivals(leader, _fitting_configs(search, records), records, search.forward_shares, search.transfer)
 
 
 def rivals(
@@ -202,6 +202,7 @@ def rivals(
     ranked: list[tuple[Configuration, Interval]],
     records: list[TrialRecord],
     forward_shares: dict[str, float],
+    transfer: dict[str, float] | None = None,
 ) -> list[Configuration]:
     """The configurations that could be as fast as the leader (at most MAX_CONTENDERS - 1, the likeliest
     first; ``ranked``: the fitting configurations with their readings, fastest first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
@@ -217,7 +218,7 @@ def rivals(
         return []
     likely: dict[Configuration, float] = {}
     for config, reading in ranked:
-        others = speed_of([r for r in records if (r.batch_size, r.plan) != config], forward_shares)
+        others = speed_of([r for r in records if (r.batch_size, r.plan) != config], forward_shares, transfer)
         # Only what the others measured predicts a configuration: its plan's overhead or the curve itself.
         known = config[1] == others.reference or config[1] in others.overhead
         predicted = (others.predict(*config) or 0.0) if known else 0.0

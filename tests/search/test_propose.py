@@ -1,7 +1,7 @@
 """The proposal logic on hand-written trial records: exact proposals and stops, no trial run, no database.
 
 A model with fixed memory F = 100 MiB and 10 MiB per sample under ``none``; the plan ``A:1`` saves 6 MiB
-per sample by the probe's prediction. The limit is 500 MiB, so ``none`` fits up to batch 40 and ``A:1``
+per sample (the probe predicts 6 / REALIZED_PRIOR: a plan realizes less than predicted). The limit is 500 MiB, so ``none`` fits up to batch 40 and ``A:1``
 (4 MiB per sample) up to 100. Throughputs follow ``b / (t0 + t1·b)`` and are read with ±1% noise.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from autotune.core.protocol import Outcome
 from autotune.search.calibration import hopeless
+from autotune.search.memory_model import REALIZED_PRIOR
 from autotune.search.propose import (
     Finished,
     Proposal,
@@ -22,7 +23,7 @@ from autotune.search.space import SearchSpace
 MiB = 2**20
 LIMIT = 500 * MiB
 SPACE = SearchSpace(batch_sizes=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128), plans=("none", "A:1"))
-SAVINGS = {"A:1": 6 * MiB}
+SAVINGS = {"A:1": 6 / REALIZED_PRIOR * MiB}  # the probe predicts more than a plan realizes (see memory_model)
 
 
 def saturating(batch: int) -> float:
@@ -244,7 +245,8 @@ def test_a_plan_the_probe_overrates_costs_one_over_budget_trial_then_its_own_slo
     """Issue 31 on an H100: the probe predicted GPT2Block:1 saves 2.47 of ~2.8 GiB per sample; measured peaks
     were 16-38% above prediction, and the search measured GPT2Block:1 at 16, 12 and 8 over the budget before
     6 fitted. In miniature: A:1 is predicted to save 9.5 of none's 10 MiB per sample (0.5 left, every batch
-    to 128 fits) where it truly keeps 5. Its first trial over the budget is a lower bound and a ceiling: the
+    to 128 fits, 3.35 MiB once the prior's 70% realization is applied) where it truly keeps 5. Its first
+    trial over the budget is a lower bound and a ceiling: the
     next proposal bisects towards what fitted, never one rung down; once one trial of A:1 completed, its own
     slope predicts it (a linear landscape: exactly), and one A:1 trial was over the budget."""
     truth = {"none": 10.0, "A:1": 5.0}
@@ -266,10 +268,10 @@ def test_a_plan_the_probe_overrates_costs_one_over_budget_trial_then_its_own_slo
         if not isinstance(proposal, Proposal):
             break
         records.append(measure(proposal.batch_size, proposal.plan))
-    assert [(r.batch_size, r.plan, r.outcome) for r in records[3:]] == [
-        (128, "A:1", Outcome.OVER_BUDGET),  # the probe's prediction: 164 MiB
-        (64, "A:1", Outcome.COMPLETE),  # bisected between 32 (fitted) and 128, not 96
-    ]
+    a1 = [(r.batch_size, r.outcome) for r in records if r.plan == "A:1"]
+    assert a1[0] == (96, Outcome.OVER_BUDGET)  # the probe's prediction, 70% realized: 3.35 MiB a sample
+    assert a1[1] == (64, Outcome.COMPLETE)  # between 32 (fitted) and 96, above its bound: fits
+    assert all(outcome is Outcome.COMPLETE for _, outcome in a1[1:])  # its own slope from then on
     model = model_of(records, {"A:1": 9.5 * MiB})
     for batch in (8, 48, 96):  # its own slope now: exact
         assert abs(model.predict(batch, "A:1") - (100 + batch * 5) * MiB) < 0.05 * (100 + batch * 5) * MiB

@@ -9,9 +9,10 @@ from autotune.search.space import SearchSpace, build_space, ladder, parse_batch_
 MiB = 2**20
 
 
-def test_ladder_is_powers_of_two_and_midpoints() -> None:
-    assert ladder(1, 100) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
+def test_ladder_is_every_batch_size_to_8_then_powers_of_two_and_midpoints() -> None:
+    assert ladder(1, 100) == (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96)
     assert ladder(8, 64) == (8, 12, 16, 24, 32, 48, 64)
+    assert ladder(3, 7) == (3, 4, 5, 6, 7)
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,7 @@ def test_batch_sizes(text: str, expected: tuple[int, ...]) -> None:
 
 def test_default_batch_sizes_reach_65536() -> None:
     sizes = parse_batch_sizes(None)
-    assert (sizes[0], sizes[-1], len(sizes)) == (1, 65536, 32)
+    assert (sizes[0], sizes[-1], len(sizes)) == (1, 65536, 34)
 
 
 @pytest.mark.parametrize("text", ["0-8", "8-4", "a-b", "8,x", "", "-8", "1.5"])

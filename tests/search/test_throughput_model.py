@@ -60,3 +60,34 @@ def test_readings_that_pool_down_to_zero_leave_the_flattest_line_flat() -> None:
     )
     assert model.flat is not None and model.flat.t1 == 0.0
     assert model.optimistic(16, "none") is not None
+
+
+def test_an_offload_plan_is_valued_at_most_at_what_its_copies_to_the_host_and_back_allow() -> None:
+    """Issue 31: Block:1/offload was proposed at the largest batch size as if free, and ran 5x slower than
+    Block:1 on an H100. Unmeasured, its least overhead is the time its copies take a sample beyond what the
+    reference plan's step could hide them behind (its whole time per sample at its largest batch): copies
+    of 4x that leave it at least 3x slower."""
+    readings = [Reading(b, "none", speed(b)) for b in (1, 24)]
+    per_sample = 1 / speed(24).low
+    model = ThroughputModel.fit(readings, {}, {"B:1/offload": 4 * per_sample})
+    assert model.least_overhead("B:1/offload") == pytest.approx(3.0)
+    assert model.optimistic(96, "B:1/offload") < 0.5 * model.optimistic(96, "none")
+    assert model.least_overhead("B:1") == 0.0  # no copies, no share: nothing known
+    offload = Reading(24, "B:1/offload", speed(24, 0.5))
+    measured = ThroughputModel.fit([*readings, offload], {}, {"B:1/offload": 4 * per_sample})
+    assert measured.least_overhead("B:1/offload") < 1.0  # measured: its readings speak, not the bound
+
+
+def test_an_offload_plan_is_bounded_where_small_batches_are_launch_bound() -> None:
+    """On an H200, GPT-2 medium's none read 13.0 samples/s at batch 1 and 26.0 at 2: a step line through them
+    has no per-sample time (t1 ~ 0), and a bound on t1 said nothing; offload was proposed at 7 and ran at 9.1
+    samples/s (Block:1 at 5: 42.2). The whole step's time per sample at 2 bounds the compute the copies could
+    hide behind, and however well they overlap, the link bounds the plan: 1 / 0.086 s = 11.6 samples/s."""
+
+    def launch_bound(batch: int) -> Interval:
+        return Interval(0.99 * 13 * batch, 13.0 * batch, 1.01 * 13 * batch)
+
+    readings = [Reading(1, "none", launch_bound(1)), Reading(2, "none", launch_bound(2))]
+    model = ThroughputModel.fit(readings, {}, {"O": 0.086})
+    assert model.least_overhead("O") == pytest.approx(0.086 * 0.99 * 26 - 1)  # 1.2: at most 1/2.2 of none
+    assert model.optimistic(7, "O") == pytest.approx(1 / 0.086)  # none's line says 91.9 at 7
