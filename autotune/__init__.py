@@ -82,6 +82,11 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    """The public API, the names loaded on first use included (``dir(autotune)``, ``help(autotune)``)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     # The tuner-side API pulls in the launcher, meters and storage; a training script importing autotune
     # needs none of it.

@@ -71,15 +71,20 @@ def best(
 
 
 @cli.command()
+@AS_JSON
 @storage_option()
 @DEFAULT_DB
-def studies(storage: str | None, cache_dir: Path | None) -> None:
+def studies(as_json: bool, storage: str | None, cache_dir: Path | None) -> None:
     """List the stored studies: script, budget, trials, best samples/s, state."""
     from autotune.cli import render
     from autotune.cli.console import console
 
     quiet_optuna()
-    render.studies(console(), api.studies(storage=storage, cache_dir=cache_dir))
+    summaries = api.studies(storage=storage, cache_dir=cache_dir)
+    if as_json:
+        render.studies_json(console(), summaries)
+    else:
+        render.studies(console(), summaries)
 
 
 @cli.command()

@@ -149,8 +149,11 @@ def as_json(data: Any) -> str:
 
 def console(stderr: bool = False) -> Console:
     """Results go to stdout; progress (trial lines, the live status) to stderr, so --json stays parseable.
-    Logs and pipes get $COLUMNS, else 120 columns rather than rich's 80."""
+    Logs and pipes get $COLUMNS, else 120 columns rather than rich's 80. Nothing printed is markup: what it
+    shows comes from users, scripts and the database (a trial's error ``[/data/train.csv]`` once crashed
+    ``run`` and ``show`` with a markup error, and ``[bold]st[red]`` printed as ``st``), table cells included."""
     return Console(
+        markup=False,
         highlight=False,
         emoji=False,  # a plan or an argument like "48:A:1" is text, never ":a:" drawn as an emoji
         soft_wrap=True,

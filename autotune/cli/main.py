@@ -33,6 +33,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="autotune", message="autotune %(version)s")  # the installed metadata's
 @click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
 def cli(debug: bool) -> None:
     """autotune: the fastest batch size and recompute plan that fit a memory budget, measured."""

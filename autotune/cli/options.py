@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from autotune.core.budget import DEFAULT_HEADROOM
+from autotune.core.protocol import STORAGE_ENV
 from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
 from autotune.trials.settings import TrialSettings
 
@@ -31,7 +32,7 @@ def cache_dir_option(help_text: str) -> Callable[[F], F]:
 def storage_option(
     help_text: str = "SQLAlchemy URL of the database (default: SQLite in the cache dir).",
 ) -> Callable[[F], F]:
-    return click.option("--storage", envvar="AUTOTUNE_STORAGE", help=help_text)
+    return click.option("--storage", envvar=STORAGE_ENV, help=help_text)
 
 
 BACKEND = click.option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import shutil
 import sys
@@ -238,6 +239,11 @@ def best(out: Console, answer: BestAnswer, fmt: str | None) -> None:
         ),
         markup=False,
     )
+
+
+def studies_json(out: Console, summaries: Sequence[StudySummary]) -> None:
+    """``studies --json``: one object per study, as ``show --json`` and ``best --json`` print theirs."""
+    out.print(as_json([dataclasses.asdict(s) for s in summaries]), markup=False, soft_wrap=True)
 
 
 def studies(out: Console, summaries: Sequence[StudySummary]) -> None:

@@ -20,6 +20,8 @@ from autotune.core.enums import TextEnum
 from autotune.core.plans import Backend
 
 REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
+TRIAL_UMASK_ENV = "AUTOTUNE_TRIAL_UMASK"  # the user's umask, restored for the trial (the tuner's is private)
+STORAGE_ENV = "AUTOTUNE_STORAGE"  # the database URL, password included: never passed to a trial
 BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
 PLAN_ENV = "AUTOTUNE_PLAN"
 GRAD_ACCUM_ENV = "AUTOTUNE_GRAD_ACCUM"  # micro-batches per optimizer step (autotune.grad_accum())

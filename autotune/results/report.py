@@ -10,6 +10,7 @@ they found into ``<body data-rendered>``: what the browser test reads.
 from __future__ import annotations
 
 import html
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -192,7 +193,7 @@ def _answer_blocks(answer: BestAnswer | None) -> str:
     if answer is None:
         return ""
     e = html.escape
-    study = f"--study {answer.study}"
+    study = shlex.join(["--study", answer.study])  # quoted as the terminal's hints are: safe to paste
     blocks = [
         (
             "Your own command, filled in",

@@ -122,6 +122,9 @@ def start_trial(argv: list[str], shim_pid: int) -> int:
             os._exit(EXIT_EXEC_FAILED)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        umask = os.environ.get("AUTOTUNE_TRIAL_UMASK", "")  # the user's, under the tuner's private one
+        if umask.isdigit():
+            os.umask(int(umask, 8))
         os.execvp(argv[0], argv)
     except OSError as e:
         os.write(2, f"autotune: cannot start {argv[0]!r}: {e.strerror}\n".encode())

@@ -25,6 +25,7 @@ from autotune.core.protocol import (
     GRAD_ACCUM_ENV,
     PLAN_ENV,
     REQUEST_ENV,
+    STORAGE_ENV,
     Outcome,
     RankResult,
     TrialReport,
@@ -273,7 +274,9 @@ def _trial_env(
     compilation caches; for ORT, the plan's own variables (the extension built first, outside any measured
     trial)."""
     env = {
-        **environ,
+        **{
+            k: v for k, v in environ.items() if k != STORAGE_ENV
+        },  # a trial needs no database, nor its password
         **device.child_env(),
         REQUEST_ENV: str(workdir / "request.json"),
         BATCH_SIZE_ENV: str(request.batch_size),

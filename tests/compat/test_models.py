@@ -30,7 +30,7 @@ pytest.importorskip(
 import torch
 
 from autotune import api
-from autotune.backends.probe import default_plans, plans_to_check
+from autotune.backends.probe import default_plans, plans_to_check, saving_per_sample
 from autotune.backends.torch_modules import find_candidates, plan_applied
 from autotune.core.plans import parse_plan
 from autotune.core.protocol import Outcome
@@ -133,4 +133,11 @@ def test_the_probe_finds_the_blocks_and_every_default_plan_completes_and_saves_m
     print(f"{family}: none {none.peak_bytes / MiB:.1f} MiB; " + ", ".join(
         f"{plan} -{(none.peak_bytes - peak) / MiB:.1f}" for plan, peak in peaks.items()
     ))  # fmt: skip
-    assert [plan for plan, peak in peaks.items() if peak >= none.peak_bytes] == []
+    # A plan predicted to save what the meter resolves (RELIABILITY.md: RSS reads within 8 MiB) peaks lower
+    # than no plan; one predicted to save less (BERT's BertSelfOutput: what it keeps is its neighbours'
+    # too) is only held to no more than no plan within that noise: one torch thread per process (CI's
+    # compatibility phase) read BertSelfOutput:1 0.4 MiB above no plan, two threads 1 MiB below.
+    resolved = {p for p in peaks if saving_per_sample(report, p) * BATCH[family] >= 8 * MiB}
+    assert resolved >= {f"{outer}:1"}
+    assert [plan for plan in resolved if peaks[plan] >= none.peak_bytes] == []
+    assert [plan for plan, peak in peaks.items() if peak > none.peak_bytes + 8 * MiB] == []

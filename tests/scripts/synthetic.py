@@ -57,6 +57,8 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.01)
     p.add_argument("--steps", type=int, default=10**9)
     p.add_argument("--crash-at", type=int, default=-1, help="raise ValueError at this step")
+    p.add_argument("--crash-message", default=None, help="... with this message")
+    p.add_argument("--crash-above", type=int, default=0, help="... only at a batch size above this one")
     p.add_argument("--oom-at", type=int, default=-1, help="raise MemoryError at this step")
     p.add_argument("--never-step", action="store_true", help="sleep forever without a step")
     p.add_argument("--ignore-sigterm", action="store_true")
@@ -64,6 +66,7 @@ def main() -> None:
     p.add_argument("--worker-mib", type=float, default=0, help="fork a worker that holds this much")
     p.add_argument("--forks", type=int, default=0, help="fork this many workers that share what it holds")
     p.add_argument("--pid-file", default=None, help="append the pids of this trial here")
+    p.add_argument("--env-file", default=None, help="write the names in this trial's environment here")
     p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
     p.add_argument("--per-sample-seconds", type=float, default=0.0, help="step time added per sample")
     p.add_argument("--grow-mib", type=float, default=0, help="hold this much more at every step, forever")
@@ -156,6 +159,9 @@ def main() -> None:
         with open(args.pid_file, "a") as f:
             f.write(" ".join(map(str, pids)) + "\n")
 
+    if args.env_file:
+        with open(args.env_file, "w") as f:
+            f.write("\n".join(sorted(os.environ)) + "\n")
     batch = autotune.batch_size(default=1)
     plan = os.environ.get("AUTOTUNE_PLAN", "none")
     reading = count_reading(args.state_dir, batch, plan)
@@ -177,8 +183,8 @@ def main() -> None:
     for step in range(args.steps):
         if args.grow_mib and (args.grow_steps is None or step < args.grow_steps):
             grown.append(touched(args.grow_mib))
-        if step == args.crash_at:
-            raise ValueError(f"synthetic crash at step {step}")
+        if step == args.crash_at and batch > args.crash_above:
+            raise ValueError(args.crash_message or f"synthetic crash at step {step}")
         if step == args.oom_at:
             raise MemoryError(f"synthetic allocation failure at step {step}")
         if args.hang_rank is not None and rank == args.hang_rank and step == args.hang_at:

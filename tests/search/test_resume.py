@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
@@ -123,10 +124,13 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     assert sum(t.user_attrs.get("kind") == "measured" and "outcome" in t.user_attrs for t in trials) == 5
 
 
-def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path, sig: int) -> None:
+    """SIGTERM, what a batch scheduler sends, is a Ctrl-C too (issue 27: `run` died at once, its trial
+    left RUNNING)."""
     proc = tuner(tmp_path, "interrupt", trials=6)
     wait_for(lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "interrupt")) >= 2)
-    signal_as_a_trial_starts(proc, signal.SIGINT, tmp_path)
+    signal_as_a_trial_starts(proc, sig, tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "Interrupted: the running trial was stopped." in err

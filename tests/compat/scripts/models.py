@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-FAMILIES = ("gpt2", "llama", "bert", "resnet", "lightning")
+FAMILIES = ("gpt2", "llama", "bert", "resnet", "lightning", "t5")
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 Batch = Callable[[int], dict[str, Any]]
 # Four layers 128 wide, 4 heads, 256 tokens from a vocabulary of 512 (GPT-2's names differ: n_layer, ...).
@@ -53,6 +53,19 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, Batch]:
         example = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(example)
         return example.Classifier(), lambda batch: {"tokens": torch.randint(0, 512, (batch, 256))}
+    if name == "t5":  # an encoder-decoder: the decoder's inputs are the labels, shifted by the model
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        config = T5Config(
+            vocab_size=512,
+            d_model=128,
+            d_kv=32,
+            d_ff=512,
+            num_layers=4,
+            num_heads=4,
+            decoder_start_token_id=0,
+        )
+        return T5ForConditionalGeneration(config), _tokens(512, 256)
     raise ValueError(f"unknown model family {name!r}: one of {', '.join(FAMILIES)}")
 
 
