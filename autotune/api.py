@@ -52,10 +52,12 @@ def tune(
         InputError, DeviceError: bad spec or device. StorageError: the database.
         ScriptError: the script failed in its trials. NoFitError: nothing fits (every trial is kept).
     """
-    from autotune.cli.main import quiet_optuna
+    import optuna
+
     from autotune.workers.tune import tune as run_job
 
-    quiet_optuna()  # autotune reports its trials (``reporter``); Optuna's INFO lines would repeat them
+    # autotune reports its trials (``reporter``); Optuna's INFO lines ("A new study created") would repeat them
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     return run_job(spec, environ, reporter)
 
 
