@@ -7,11 +7,13 @@ Read from /proc (Linux); elsewhere nothing is known and nothing is stopped."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from autotune.core.budget import Budget
 from autotune.core.errors import InputError
+from autotune.hardware.meters import proportional_bytes, resident_bytes
 
 # The host budget by default: what the host has available as the run starts, less this share of it (other
 # processes, the page cache a training job's data loader needs, the tuner itself).
@@ -61,26 +63,15 @@ def host_budget_of(budget: Budget | None) -> int | None:
 
 def tree_bytes(pids: Iterable[int]) -> int:
     """The resident memory of a process tree, each process's proportional share where there are several
-    (a forked DataLoader worker's pages shared with its parent count once), its RSS alone otherwise."""
+    (a forked DataLoader worker's pages shared with its parent count once), its RSS alone otherwise: as
+    the CPU meter reads a tree (autotune.hardware.meters)."""
     pids = list(pids)
+    page = os.sysconf("SC_PAGE_SIZE")
     total = 0
     for pid in pids:
-        size = _kib(f"/proc/{pid}/smaps_rollup", "Pss") if len(pids) > 1 else None
-        if size is None:
-            size = _kib(f"/proc/{pid}/status", "VmRSS")
-        total += size or 0
-    return total * 1024
-
-
-def _kib(path: str, field: str) -> int | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-    return None
+        size = proportional_bytes(pid) if len(pids) > 1 else None
+        total += size if size is not None else (resident_bytes(pid, page) or 0)
+    return total
 
 
 @dataclass

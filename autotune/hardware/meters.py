@@ -227,7 +227,7 @@ class RssMeter(_Sampler):
         pids = list(self._pids())
         refresh = self.samples % PSS_EVERY == 0
         for pid in pids:
-            resident = _resident(pid, self._page)
+            resident = resident_bytes(pid, self._page)
             if resident is None:
                 continue  # exited between listing and reading
             # A tree: each process's share of the pages (Pss), so that what a fork shares with its parent is
@@ -235,7 +235,7 @@ class RssMeter(_Sampler):
             # samples (and for a process not seen yet), and in between a process is its RSS less what it
             # shared then.
             if len(pids) > 1 and (refresh or pid not in self._shared):
-                proportional = _proportional(pid)
+                proportional = proportional_bytes(pid)
                 self._shared[pid] = max(resident - proportional, 0) if proportional is not None else 0
             sizes[pid] = resident - self._shared.get(pid, 0) if len(pids) > 1 else resident
         self._peak = max(self._peak, sum(sizes.values()))
@@ -297,7 +297,7 @@ class RssMeter(_Sampler):
         )
 
 
-def _resident(pid: int, page: int) -> int | None:
+def resident_bytes(pid: int, page: int) -> int | None:
     """A process's resident set size in bytes (None: it is gone)."""
     try:
         with open(f"/proc/{pid}/statm") as f:
@@ -306,7 +306,7 @@ def _resident(pid: int, page: int) -> int | None:
         return None
 
 
-def _proportional(pid: int) -> int | None:
+def proportional_bytes(pid: int) -> int | None:
     """A process's proportional set size in bytes: its private pages and its share of each page it shares
     (None: gone, or a kernel without smaps_rollup)."""
     try:
