@@ -128,9 +128,11 @@ def best(
     cache_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     global_batch: int | None = None,
+    max_seq_len: int | None = None,
 ) -> BestAnswer:
     """The best stored plan, from the database alone (no trial runs): of ``study``, of ``command`` on
-    ``device`` (at ``budget``, tuned for ``global_batch`` if given), or the most recent.
+    ``device`` (at ``budget``, tuned for ``global_batch`` if given, with ``max_seq_len`` as --max-seq-len
+    or without), or the most recent.
 
     Returns:
         The answer; ``verified`` is False for a budget with no verified winner (the fastest measured
@@ -156,6 +158,7 @@ def best(
         Backend.parse(backend),
         cache_dir,
         global_batch,
+        max_seq_len,
     )
 
 

@@ -24,6 +24,9 @@ DEFAULT_DB = cache_dir_option("Where the default database lives.")
     "--global-batch", type=int, help="The global batch the plan was tuned for (run --global-batch)."
 )
 @click.option(
+    "--max-seq-len", type=int, help="The longest sequence length the plan was tuned for (run --max-seq-len)."
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(FORMATS),
@@ -41,6 +44,7 @@ def best(
     study: str | None,
     device: str,
     global_batch: int | None,
+    max_seq_len: int | None,
     backend: str,
     fmt: str | None,
     as_json: bool,
@@ -66,6 +70,7 @@ def best(
         cache_dir=cache_dir,
         environ=os.environ,
         global_batch=global_batch,
+        max_seq_len=max_seq_len,
     )
     render.best(console(), answer, fmt or ("json" if as_json else "env" if as_env else None))
 

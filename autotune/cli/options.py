@@ -197,6 +197,13 @@ def search_options(command: F) -> F:
             ),
             GPUS_PER_TRIAL,
             click.option(
+                "--max-seq-len",
+                type=click.IntRange(min=1),
+                help="The job's longest sequence length, where the script cannot pad its trials' batches to "
+                "it (autotune.worst_case()): every trial's peak is read at this length from the memory per "
+                "token its trials measured. Needs (batch, length) token inputs.",
+            ),
+            click.option(
                 "--headroom",
                 default=f"{DEFAULT_HEADROOM:.0%}",
                 show_default=True,

@@ -65,14 +65,14 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),
                 *([("certainty", best.certainty)] if best.certainty else []),
-                *([("inputs", varied_lengths(lengths))] if lengths and lengths[0] != lengths[1] else []),
+                *([("inputs", inputs)] if (inputs := _inputs_text(result, lengths)) else []),
                 *([("phases", _phases_text(phases))] if phases else []),
                 *([("time", time_text(result))] if result.seconds is not None and not result.cached else []),
             ]
         ),
         markup=False,
     )
-    hint = best_command(command, budget, result.global_batch)
+    hint = best_command(command, budget, result.global_batch, result.max_seq_len)
     exe = autotune_executable()
     formats = shlex.join([*exe, "best", "--study", result.study_name, "--format", "hf"])
     out.print(f'\nuse it:  eval "$({hint})"', markup=False)
@@ -158,11 +158,15 @@ def autotune_executable() -> list[str]:
         return [str(ours)]
 
 
-def best_command(command: Sequence[str], budget: str, global_batch: int | None = None) -> str:
+def best_command(
+    command: Sequence[str], budget: str, global_batch: int | None = None, max_seq_len: int | None = None
+) -> str:
     """The `autotune best ... --env` line for a run's command (options before the script's own `--`)."""
     words = [*autotune_executable(), "best", "--budget", budget, "--env"]
     if global_batch is not None:
         words += ["--global-batch", str(global_batch)]
+    if max_seq_len is not None:
+        words += ["--max-seq-len", str(max_seq_len)]
     if command[0].endswith(".py"):  # SCRIPT [-- ARGS]
         words.append(command[0])
         command = command[1:]
@@ -205,10 +209,37 @@ def as_json_text(result: TuneResult) -> str:
             "certainty": result.best.certainty,
             "seconds": result.seconds,
             "lengths": lengths_of(result.records, (result.best.batch_size, result.best.plan)),
+            "max_seq_len": result.max_seq_len,
             "phase_peaks": phase_peaks_of(result.records, (result.best.batch_size, result.best.plan)) or None,
             "trials": [r.__dict__ for r in result.records],
         }
     )
+
+
+def _inputs_text(result: TuneResult, lengths: tuple[int, int] | None) -> str | None:
+    """What the answer's peak covers of the job's inputs: read at --max-seq-len from shorter trials, or a
+    warning where the trials' lengths varied and neither --max-seq-len nor worst-case inputs covered the
+    longest."""
+    if result.max_seq_len is not None and lengths is not None:
+        if lengths[1] >= result.max_seq_len:
+            return f"the trials fed length {lengths[1]}: --max-seq-len {result.max_seq_len} is covered as measured"
+        config = (result.best.batch_size, result.best.plan)
+        measured = max(
+            (
+                r.measured_peak_bytes
+                for r in result.records
+                if (r.batch_size, r.plan) == config and r.measured_peak_bytes
+            ),
+            default=None,
+        )
+        read = f" (measured up to {format_bytes(measured)})" if measured is not None else ""
+        return (
+            f"peaks read at --max-seq-len {result.max_seq_len} from the trials' longest input, length "
+            f"{lengths[1]}, and the memory per token they measured{read}"
+        )
+    if lengths is not None and lengths[0] != lengths[1]:
+        return varied_lengths(lengths)
+    return None
 
 
 def best(out: Console, answer: BestAnswer, fmt: str | None) -> None:

@@ -39,6 +39,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         grad_accum=options["grad_accum"],
         gpus_per_trial=options["gpus_per_trial"],
         host_budget=options["host_budget"],
+        max_seq_len=options["max_seq_len"],
     )
 
 

@@ -93,8 +93,10 @@ def best(
     backend: Backend = Backend.TORCH,
     cache: Path | None = None,
     global_batch: int | None = None,
+    max_seq_len: int | None = None,
 ) -> BestAnswer:
-    """The best stored plan: of ``study``, of ``command`` (at ``budget``), or the most recent one.
+    """The best stored plan: of ``study``, of ``command`` (at ``budget``; of the studies tuned with
+    ``max_seq_len`` as --max-seq-len, or without it), or the most recent one.
 
     For a budget with no verified winner, the fastest measured trial of the same workload that fits is
     returned with ``verified=False``.
@@ -103,7 +105,7 @@ def best(
         InputError: no such study or workload. NoFitError: nothing stored fits.
     """
     env = dict(os.environ if environ is None else environ)
-    answer = _best(store, command, budget, study, device, env, backend, global_batch)
+    answer = _best(store, command, budget, study, device, env, backend, global_batch, max_seq_len)
     row = store.study(answer.study)
     workload = store.workload(row.fingerprint) if row is not None else None
     details = workload.details if workload is not None else {}
@@ -138,6 +140,7 @@ def _best(
     env: dict[str, str],
     backend: Backend,
     global_batch: int | None = None,
+    max_seq_len: int | None = None,
 ) -> BestAnswer:
     if study is not None:
         row = store.study(study)
@@ -158,6 +161,13 @@ def _best(
                     f"nothing stored for {command} with --global-batch {global_batch} on {dev.name}: "
                     "run autotune run --global-batch first"
                 )
+        rows = [r for r in rows if r.space.get("max_seq_len") == max_seq_len]  # peaks read at another length
+        if not rows:
+            asked = f"--max-seq-len {max_seq_len}" if max_seq_len is not None else "no --max-seq-len"
+            raise InputError(
+                f"nothing stored for {command} with {asked} on {dev.name}: run autotune run with the same "
+                "--max-seq-len first"
+            )
         if budget is not None:
             return _for_budget(store, rows, budget.resolve(dev.total_bytes))
     else:

@@ -386,12 +386,23 @@ class Search:
         trial (an InputError: exit 2).
 
         Raises:
-            InputError: the model saw batches of another size than the trial asked for, or the script did
-                not run a phase asked for (--with-eval, --with-save).
+            InputError: the model saw batches of another size than the trial asked for, the script did
+                not run a phase asked for (--with-eval, --with-save), or --max-seq-len was given for a
+                model whose inputs show no sequence length.
             ScriptError: the script failed.
         """
         if (why := misconfigured(result)) is not None:
             raise InputError(why)
+        if (
+            self.space.max_seq_len is not None
+            and result.outcome is Outcome.COMPLETE
+            and result.lengths is None
+        ):
+            raise InputError(
+                f"--max-seq-len needs (batch, length) token inputs, and the model's first input was not "
+                f"one (batch {result.batch_size}): pad the script's batches to the longest length where "
+                f"autotune.worst_case() is true instead (trial log: {result.log_dir})"
+            )
         self.failures = self.failures + 1 if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT) else 0
         if self.failures >= MAX_FAILURES or (self.failures and sum(r.counted for r in records) == 1):
             raise ScriptError(

@@ -11,6 +11,7 @@ from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.core.protocol import Outcome
+from autotune.search.longest import MAX_SEQ_LEN_ATTR, at_longest
 from autotune.search.records import TrialRecord, constraint_mib
 from autotune.search.space import SearchSpace
 from autotune.trials.result import TrialResult
@@ -36,8 +37,12 @@ def set_memory_constraint(trial: optuna.Trial, mib: float) -> None:
     trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [mib])
 
 
-def records_of(study: optuna.Study) -> list[TrialRecord]:
-    return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+def records_of(study: optuna.Study, *, as_measured: bool = False) -> list[TrialRecord]:
+    """The study's trials; where the job declared its longest inputs (--max-seq-len), every peak is read at
+    that length (autotune.search.longest) unless ``as_measured``."""
+    records = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    longest = None if as_measured else study.user_attrs.get(MAX_SEQ_LEN_ATTR)  # set as it was created
+    return at_longest(records, longest) if longest else records
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:

@@ -77,6 +77,9 @@ class TrialRecord:
     settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
     startup_seconds: float | None = None  # from its launch to the end of its first step
     measured_seconds: float | None = None  # its measured steps together
+    # its peak as the meter read it, where peak_bytes was carried to the job's longest inputs
+    # (--max-seq-len: autotune.search.longest)
+    measured_peak_bytes: int | None = None
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:

@@ -85,6 +85,7 @@ class ResolvedJob:
             stopped=stopped,
             global_batch=self.space.global_batch,
             grad_accum=self.space.grad_accum(best.batch_size),
+            max_seq_len=self.space.max_seq_len,
         )
 
 
@@ -126,7 +127,13 @@ def resolve(
     check_plans(spec.plans, probe)  # before any measured trial
     probe = check_named_plans(store, workload, spec, runner, reporter, probe)
     space = build_space(
-        spec.batch_sizes, spec.plans, probe, spec.global_batch, spec.grad_accum, spec.world_size
+        spec.batch_sizes,
+        spec.plans,
+        probe,
+        spec.global_batch,
+        spec.grad_accum,
+        spec.world_size,
+        spec.max_seq_len,
     )
     for plan, why in space.excluded.items():
         reporter.note(f"plan {plan} left out: {why}")

@@ -36,6 +36,7 @@ class SearchSpace:
     global_batch: int | None = None  # each trial accumulates global_batch / batch_size micro-batches
     declared_accum: int | None = None  # --grad-accum: the script accumulates this many on its own
     world_size: int = 1  # ranks per trial (torchrun): a global batch is shared among them
+    max_seq_len: int | None = None  # --max-seq-len: peaks are read at this length (autotune.search.longest)
 
     def grad_accum(self, batch_size: int) -> int | None:
         """The accumulation a trial at ``batch_size`` runs with (None: the script's own, counted)."""
@@ -63,6 +64,8 @@ class SearchSpace:
             space["grad_accum"] = self.declared_accum
         if self.world_size > 1:
             space["world_size"] = self.world_size
+        if self.max_seq_len is not None:
+            space["max_seq_len"] = self.max_seq_len
         return space
 
     @classmethod
@@ -74,6 +77,7 @@ class SearchSpace:
             global_batch=space.get("global_batch"),
             declared_accum=space.get("grad_accum"),
             world_size=space.get("world_size", 1),
+            max_seq_len=space.get("max_seq_len"),
         )
 
 
@@ -163,6 +167,7 @@ def build_space(
     global_batch: int | None = None,
     declared_accum: int | None = None,
     world_size: int = 1,
+    max_seq_len: int | None = None,
 ) -> SearchSpace:
     """The user's plans, or the defaults from the probe (autotune.backends.probe.default_plans: for torch
     the module-level plans with the operator-level ones that are predicted to save memory and passed the
@@ -173,11 +178,11 @@ def build_space(
         batch_sizes = micro_batch_sizes(per_rank(global_batch, world_size), batch_sizes)
     if plans:
         kept, excluded = named_plans(plans, probe)
-        return SearchSpace(batch_sizes, kept, excluded, global_batch, declared_accum, world_size)
+        return SearchSpace(batch_sizes, kept, excluded, global_batch, declared_accum, world_size, max_seq_len)
     defaults, excluded = default_plans(probe)
     if world_size > 1:
         defaults = (*defaults, *rank_plans(defaults, world_size))
-    return SearchSpace(batch_sizes, defaults, excluded, global_batch, declared_accum, world_size)
+    return SearchSpace(batch_sizes, defaults, excluded, global_batch, declared_accum, world_size, max_seq_len)
 
 
 def rank_plans(plans: tuple[str, ...], world_size: int) -> tuple[str, ...]:

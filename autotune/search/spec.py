@@ -58,6 +58,9 @@ class TuneSpec:
     # part of the job (a worker uses its own host's default). None: what the host has available as the run
     # starts, less a margin (autotune.hardware.host.default_host_budget).
     host_budget: Budget | None = None
+    # The job's longest sequence length, where its trials cannot feed it (autotune.worst_case()): every
+    # peak is read at this length from the per-token memory the trials measured (autotune.search.longest).
+    max_seq_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -67,6 +70,8 @@ class TuneSpec:
             check_study_name(self.study)
         if self.gpus_per_trial < 1:
             raise InputError(f"--gpus-per-trial must be a positive integer, got {self.gpus_per_trial}")
+        if self.max_seq_len is not None and self.max_seq_len < 1:
+            raise InputError(f"--max-seq-len must be a positive integer, got {self.max_seq_len}")
         if self.global_batch is not None:
             check_global_batch(self.global_batch)
             if self.grad_accum is not None:
@@ -118,6 +123,7 @@ class TuneSpec:
             "global_batch": self.global_batch,
             "grad_accum": self.grad_accum,
             "gpus_per_trial": self.gpus_per_trial,
+            "max_seq_len": self.max_seq_len,
         }
 
     @classmethod
@@ -148,6 +154,7 @@ class TuneSpec:
             global_batch=data.get("global_batch"),
             grad_accum=data.get("grad_accum"),
             gpus_per_trial=int(data.get("gpus_per_trial", 1)),
+            max_seq_len=data.get("max_seq_len"),
         )
 
 
@@ -172,7 +179,8 @@ def tune_spec(
         headroom: ``5%`` or ``0.05``.
         host_budget: the host memory a trial may hold (``64GiB``, ``80%`` of the host); None: the default.
         options: the other TuneSpec fields as they are (trials, settings, seed, device, cache_dir,
-            storage, study, force, exhaustive, helpers, global_batch, grad_accum, gpus_per_trial).
+            storage, study, force, exhaustive, helpers, global_batch, grad_accum, gpus_per_trial,
+            max_seq_len).
 
     Raises:
         InputError: a bad command, budget, batch-size list, plan, headroom or option, in one line.
@@ -205,3 +213,4 @@ class TuneResult:
     global_batch: int | None = None  # the study's fixed global batch, if any
     grad_accum: int | None = None  # the winner's micro-batches per optimizer step (global batch or declared)
     seconds: float | None = None  # this run's wall time, from its start to the answer
+    max_seq_len: int | None = None  # --max-seq-len: the peaks are read at this length

@@ -7,6 +7,7 @@ import optuna
 
 from autotune.core.errors import InputError, StorageError
 from autotune.core.protocol import Outcome
+from autotune.search.longest import MAX_SEQ_LEN_ATTR
 from autotune.search.optuna_trials import constraint_attrs, distributions, records_of
 from autotune.search.records import TrialKind, TrialRecord, constraint_mib
 from autotune.search.space import SearchSpace
@@ -42,6 +43,8 @@ def open_study(store: Store, row: StudyRow, seed: int | None, limit: int) -> opt
         load_if_exists=True,
     )
     if existing is None:
+        if row.space.get(MAX_SEQ_LEN_ATTR):  # before any trial: every reading of its trials is carried to it
+            study.set_user_attr(MAX_SEQ_LEN_ATTR, row.space[MAX_SEQ_LEN_ATTR])
         _warm_start(study, store, row, limit)
     return study
 
@@ -78,7 +81,9 @@ def _warm_start(study: optuna.Study, store: Store, row: StudyRow, limit: int) ->
             space.declared_accum,
         ):
             continue
-        for record in records_of(optuna.load_study(study_name=other.study_name, storage=store.optuna)):
+        for record in records_of(
+            optuna.load_study(study_name=other.study_name, storage=store.optuna), as_measured=True
+        ):
             if (
                 record.measured
                 and record.kind in (TrialKind.MEASURED, TrialKind.VERIFICATION)
@@ -104,6 +109,7 @@ def _warm_trial(record: TrialRecord, origin: str, space: SearchSpace, limit: int
             "note": f"from study {origin}",
             "kind": TrialKind.WARM_START.value,
             **({"ranks": [r.to_dict() for r in record.ranks]} if record.ranks else {}),
+            **({"lengths": list(record.lengths)} if record.lengths else {}),  # --max-seq-len carries them
         },
         system_attrs=constraint_attrs(constraint_mib(peak, limit, record.outcome is Outcome.COMPLETE)),
     )

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from autotune import api
+from autotune.core.errors import InputError
 from autotune.core.protocol import WORST_CASE_ENV, Outcome
+from autotune.search.spec import TuneResult, tune_spec
 from autotune.trials.measurement import measure_spec
 
 from conftest import DETERMINISTIC_CPU_ALLOCATOR, MiB
@@ -57,3 +59,55 @@ def test_a_worst_case_trial_measures_the_peak_of_200_standalone_steps_within_5_p
     assert abs(worst.peak_bytes - job_peak) <= 0.05 * job_peak
     low, high = plain.lengths or (0, 0)
     assert 32 <= low < high <= 512  # a plain trial's lengths varied, and it says so
+
+
+SHORT = [str(Path(__file__).parents[1] / "scripts" / "inputs.py"), "--layout", "tokens", "--vocab", "4000"]
+
+
+def peak_at(tmp_path: Path, length: int, batch: int) -> int:
+    """A trial's peak at ``batch`` where every input has ``length`` tokens."""
+    command = [sys.executable, *SHORT, "--lengths", f"{length}-{length}", "--batch-size", "{batch_size}"]
+    result = api.measure(measure_spec(command, batch, device="cpu", cache_dir=tmp_path), environ=ENV)
+    assert result.outcome is Outcome.COMPLETE, result.error
+    return result.peak_bytes
+
+
+ENV = {**os.environ, **DETERMINISTIC_CPU_ALLOCATOR}
+
+
+def test_max_seq_len_reads_every_peak_at_the_declared_length(tmp_path: Path) -> None:
+    """The script feeds 64 tokens a sample and cannot pad; the job's longest is 256 (4x the activations).
+    Tuned with --max-seq-len 256, the answer is a batch that fits at 256, and its peak is what a trial at 256
+    measures; without it, the answer is 4x larger (and over the budget at 256)."""
+    command = [sys.executable, *SHORT, "--lengths", "64-64", "--batch-size", "{batch_size}"]
+
+    def tuned(**options: object) -> TuneResult:
+        spec = tune_spec(command, "560MiB", device="cpu", cache_dir=tmp_path, trials=8, **options)
+        return api.tune(spec, environ=ENV)
+
+    carried, plain = tuned(max_seq_len=256), tuned()
+    best = carried.best
+    at_256 = peak_at(tmp_path, 256, best.batch_size)
+    print(
+        f"--max-seq-len 256: batch {best.batch_size}, peak read {best.verified_peak_bytes / MiB:.1f} MiB, a trial "
+        f"at 256 {at_256 / MiB:.1f} MiB (limit {carried.limit_bytes / MiB:.1f}); without: batch "
+        f"{plain.best.batch_size}, {plain.best.verified_peak_bytes / MiB:.1f} MiB"
+    )
+    assert abs(best.verified_peak_bytes - at_256) <= 0.05 * at_256
+    assert at_256 <= carried.limit_bytes * 1.02  # the memory noise of two RSS readings
+    assert plain.best.batch_size >= 3 * best.batch_size
+    assert peak_at(tmp_path, 256, plain.best.batch_size) > plain.limit_bytes
+
+    def answer(**options: object) -> int:
+        return api.best(command, budget="560MiB", device="cpu", cache_dir=tmp_path, **options).batch_size
+
+    assert answer(max_seq_len=256) == best.batch_size and answer() == plain.best.batch_size
+    readings = [r for r in carried.records if r.measured_peak_bytes is not None]
+    assert readings and all(r.peak_bytes > r.measured_peak_bytes and r.lengths == (64, 64) for r in readings)
+
+
+def test_max_seq_len_without_token_inputs_stops_at_the_first_trial(tmp_path: Path) -> None:
+    rows = [sys.executable, SHORT[0], "--layout", "rows", "--batch-size", "{batch_size}"]
+    spec = tune_spec(rows, "1GiB", device="cpu", cache_dir=tmp_path, trials=4, max_seq_len=256)
+    with pytest.raises(InputError, match=r"^--max-seq-len needs \(batch, length\) token inputs"):
+        api.tune(spec, environ=ENV)
