@@ -1,6 +1,7 @@
 """A plain training loop over one of the compatibility suite's models (tests/compat/scripts/models.py).
 
     python tests/compat/scripts/train.py --model gpt2 --batch-size 8
+    python tests/compat/scripts/train.py --model llama --lora --batch-size 8
 
 It knows nothing of autotune: trials run it through a command template (``--batch-size {batch_size}``),
 the harness counts its optimizer steps and applies the plan at its model's first forward.
@@ -23,11 +24,16 @@ def main() -> None:
     parser.add_argument("--model", choices=FAMILIES, required=True)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--lora", action="store_true", help="train PEFT LoRA adapters on q and v only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, batch = build(args.model)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for _ in range(args.steps):
         inputs = batch(args.batch_size)
         loss_of(model(**inputs)).backward()
