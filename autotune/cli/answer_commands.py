@@ -129,7 +129,6 @@ def report(
     quiet_optuna()
     written = api.report(study, output, png=png, storage=storage, cache_dir=cache_dir)
     out = console()
-    plotted = f"{written.trials} trial{'s' if written.trials != 1 else ''} plotted"
-    out.print(f"wrote {written.html} ({plotted})", markup=False)
+    out.print(f"wrote {written.html} ({written.plotted})", markup=False)
     if written.png is not None:
         out.print(f"wrote {written.png}", markup=False)

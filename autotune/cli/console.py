@@ -120,11 +120,25 @@ def trial_line(r: TrialRecord, width: int = 100, names: PlanNames | None = None,
     predicted = f" (pred {error})" if error else ""
     speed = f"{r.samples_per_sec:,.1f} samples/s" if r.samples_per_sec else "-"
     outcome = r.outcome_text(None) if r.outcome is not None else str(r.kind)
-    line = f"{head}  {outcome:<8} {peak:>10}{predicted}  {speed}"
-    if r.startup_seconds is not None:  # where its time went: starting, then its measured steps
-        line += f"  {r.startup_seconds:.1f}s+{r.measured_seconds or 0.0:.1f}s"
-    if tail:
-        line += f"  {tail}"
+    times = (  # where its time went: starting, then its measured steps
+        f"  {r.startup_seconds:.1f}s+{r.measured_seconds or 0.0:.1f}s"
+        if r.startup_seconds is not None
+        else ""
+    )
+    tail = f"  {tail}" if tail else ""
+    # Where the whole line does not fit, its least needed parts go first, whole, never cut inside a word:
+    # the best trial's number, the times; then samples/s is written /s; then the prediction goes.
+    short = speed.replace(" samples/s", "/s")
+    for parts in (
+        (predicted, speed, times, tail),
+        (predicted, speed, times, ""),
+        (predicted, speed, "", ""),
+        (predicted, short, "", ""),
+        ("", short, "", ""),
+    ):
+        line = f"{head}  {outcome:<8} {peak:>10}{parts[0]}  {parts[1]}{parts[2]}{parts[3]}"
+        if len(line) <= width:
+            return line
     return clip(line, width)
 
 

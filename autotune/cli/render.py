@@ -75,9 +75,11 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
     hint = best_command(command, budget, result.global_batch, result.max_seq_len)
     exe = autotune_executable()
     formats = shlex.join([*exe, "best", "--study", result.study_name, "--format", "hf"])
-    out.print(f'\nuse it:  eval "$({hint})"', markup=False)
-    out.print(f"         {formats}  # or lightning, torchrun", markup=False)
-    out.print(f"see it:  {shlex.join([*exe, 'report', result.study_name])}", markup=False)
+    # commands to paste: never broken by the console (a break inside a word or a quoted path would not
+    # paste back); the terminal folds them where they do not fit
+    out.print(f'\nuse it:  eval "$({hint})"', markup=False, soft_wrap=True)
+    out.print(f"         {formats}  # or lightning, torchrun", markup=False, soft_wrap=True)
+    out.print(f"see it:  {shlex.join([*exe, 'report', result.study_name])}", markup=False, soft_wrap=True)
 
 
 def _over_limit_text(result: TuneResult) -> str:

@@ -120,10 +120,11 @@ def checks_table(checks: Sequence[PlanCheck], names: PlanNames) -> tuple[Table, 
     """The honesty check: each plan's saving per sample, as the probe predicted it and as measured; and,
     when a plan is flagged, what the flag means and what to do about it."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="plan savings per sample: probe vs trials")
-    for column in ("plan", "predicted", "measured", "check"):
+    checked = any(c.measured is not None for c in checks)  # no column of blanks before any plan was measured
+    for column in ("plan", "predicted", "measured", *(["check"] if checked else [])):
         table.add_column(column, justify="left" if column in ("plan", "check") else "right", no_wrap=True)
     for c in checks:
         measured = signed_bytes(c.measured) if c.measured is not None else "not measured"
-        verdict = "FAR FROM PREDICTION" if c.flagged else ("ok" if c.measured is not None else "")
-        table.add_row(names(c.plan), signed_bytes(c.predicted), measured, verdict)
+        verdict = c.verdict
+        table.add_row(names(c.plan), signed_bytes(c.predicted), measured, *([verdict] if checked else []))
     return table, [FLAG_MEANING] if any(c.flagged for c in checks) else []

@@ -64,6 +64,28 @@ def points(records: Sequence[TrialRecord], limit: int) -> list[Point]:
     return found
 
 
+def plotted_text(records: Sequence[TrialRecord], limit: int) -> str:
+    """How many of the trials the report's table lists the plot shows, and why the others are not on it
+    (the table lists every trial but the skipped and copied ones)."""
+    tabled = [r for r in records if r.kind not in (TrialKind.SKIPPED, TrialKind.COPY)]
+    shown = {p.number for p in points(records, limit)}
+    why: dict[str, int] = {}
+    for r in tabled:
+        if r.number in shown:
+            continue
+        reason = "verification" if r.kind is TrialKind.VERIFICATION else f"{r.outcome or r.state.lower()}"
+        why[reason] = why.get(reason, 0) + 1
+    text = f"{len(shown)} of the {len(tabled)} trials in the table plotted"
+    if not why:
+        return text
+    said = [
+        f"{n} verification{'s' if n > 1 else ''} (the winner's star)" if reason == "verification" else
+        f"{n} {reason} with no peak"
+        for reason, n in why.items()
+    ]  # fmt: skip
+    return f"{text}: not plotted, {', '.join(said)}"
+
+
 def pareto_front(found: Sequence[Point]) -> list[Point]:
     """The trials that fit and that no other fitting trial beats on both memory and speed, lightest first."""
     front: list[Point] = []
@@ -86,7 +108,7 @@ def pareto_figure(report: StudyReport) -> Figure:
     limit, budget = report.limit_bytes, report.row.budget_bytes
     found = points(report.records, limit)
     scale, unit = _unit(budget)
-    fig = Figure(figsize=(9, 5.4), layout="constrained")
+    fig = Figure(figsize=(11, 5.4), layout="constrained")
     ax = fig.subplots()
     ax.set_gid("pareto-axes")
     plans = list(dict.fromkeys(p.plan for p in found))
@@ -187,7 +209,9 @@ def pareto_figure(report: StudyReport) -> Figure:
     ax.grid(True, alpha=0.3)
     count = f"{len(found)} measured trial{'s' if len(found) != 1 else ''}"
     ax.set_title(f"{report.row.study_name}: {count}", loc="left", fontsize=11)
-    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    # beside the plot, never over it: inside, it covered the winner's star
+    legend = fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+    legend.set_gid("legend")
     return fig
 
 

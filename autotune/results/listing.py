@@ -35,6 +35,11 @@ class PlanCheck:
     measured: float | None  # None until the plan (and none) have been measured
     flagged: bool  # measured and more than FLAG_TOLERANCE away from the prediction
 
+    @property
+    def verdict(self) -> str:
+        """In a word or two: ``ok``, ``FAR FROM PREDICTION``, or ``-`` before a trial of it."""
+        return "FAR FROM PREDICTION" if self.flagged else ("ok" if self.measured is not None else "-")
+
 
 FLAG_TOLERANCE = 0.25
 FLAG_MEANING = (

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.errors import AutotuneError
+from autotune.results.figures import plotted_text
 from autotune.results.listing import FLAG_MEANING, not_run_line
 from autotune.search.records import TrialKind, TrialRecord
 
@@ -64,6 +65,7 @@ class Written:
     html: Path
     png: Path | None
     trials: int  # the trials the plot shows
+    plotted: str  # how many of the table's trials those are, and why the others are not plotted
 
 
 def write_report(store: Store, name: str, out: Path, png: Path | None = None) -> Written:
@@ -89,7 +91,8 @@ def write_report(store: Store, name: str, out: Path, png: Path | None = None) ->
     out.write_text(page, encoding="utf-8")
     if png is not None:
         figures.png(pareto, str(png))
-    return Written(out, png, len(figures.points(report.records, report.limit_bytes)))
+    plotted = figures.plotted_text(report.records, report.limit_bytes)
+    return Written(out, png, len(figures.points(report.records, report.limit_bytes)), plotted)
 
 
 def _answer(store: Store, name: str) -> BestAnswer | None:
@@ -156,7 +159,8 @@ def _page(report: StudyReport, answer: BestAnswer | None, pareto: str, extra: li
         "a triangle: ran out of memory or was stopped over the budget, so it needs at least that much. The "
         "small bar left or right of a trial is the memory model's prediction for it, dotted to the measured "
         "peak. The star is the verified winner; the grey steps, the fastest that fits at each peak.</p>",
-        f'<figure id="pareto">{pareto}</figure>',
+        f'<figure id="pareto">{pareto}<figcaption>{e(plotted_text(report.records, report.limit_bytes))}.'
+        "</figcaption></figure>",
         _answer_blocks(answer),
         "<h2>Trials</h2>",
         _trials_html(report.records, report.limit_bytes),
@@ -249,10 +253,11 @@ def _checks_html(checks: list[PlanCheck]) -> str:
     def saving(size: float | None) -> str:
         return "not measured" if size is None else signed_bytes(size)
 
+    checked = any(c.measured is not None for c in checks)  # no column of blanks before any plan was measured
     rows = "".join(
         f"<tr><td>{e(c.plan)}</td><td class=n>{e(saving(c.predicted))}</td><td class=n>{e(saving(c.measured))}"
-        f"</td><td class={'over' if c.flagged else ''}>"
-        f"{'FAR FROM PREDICTION' if c.flagged else ('ok' if c.measured is not None else '')}</td></tr>"
+        + (f"</td><td class={'over' if c.flagged else ''}>{e(c.verdict)}" if checked else "")
+        + "</td></tr>"
         for c in checks
     )
     legend = (
@@ -260,5 +265,7 @@ def _checks_html(checks: list[PlanCheck]) -> str:
         if any(c.flagged for c in checks)
         else "<p class=dim>Savings are per sample, against plan none.</p>"
     )
-    head = "<tr><th>plan</th><th>predicted saving</th><th>measured saving</th><th>check</th></tr>"
+    head = "<tr><th>plan</th><th>predicted saving</th><th>measured saving</th>" + (
+        "<th>check</th></tr>" if checked else "</tr>"
+    )
     return f"<table>{head}{rows}</table>{legend}"

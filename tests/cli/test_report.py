@@ -84,8 +84,12 @@ def test_the_report_renders_its_plot_in_a_headless_browser(study, tmp_path) -> N
         ).stdout
     )
     measured = [t for t in shown["trials"] if t["kind"] == "measured" and t["peak_bytes"] is not None]
+    tabled = [t for t in shown["trials"] if t["kind"] not in ("skipped", "copy")]
+    verifications = sum(t["kind"] == "verification" for t in tabled)
+    assert len(tabled) == len(measured) + verifications  # every other trial of this study has a peak
     assert proc.stdout.splitlines() == [
-        f"wrote {out} ({len(measured)} trials plotted)",
+        f"wrote {out} ({len(measured)} of the {len(tabled)} trials in the table plotted: not plotted, "
+        f"{verifications} verification{'s' if verifications > 1 else ''} (the winner's star))",
         f"wrote {out.with_suffix('.png')}",
     ]
     assert {t["outcome"] for t in measured} == {"complete", "over-budget"}
@@ -175,8 +179,40 @@ def test_a_study_where_nothing_fits_still_has_its_report(tmp_path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    measured = int(re.fullmatch(r"wrote .+ \((\d+) trials? plotted\)", proc.stdout.strip())[1])
+    found = re.fullmatch(r"wrote .+ \((\d+) of the (\d+) trials in the table plotted\)", proc.stdout.strip())
+    assert found is not None, proc.stdout
+    measured = int(found[1])
+    assert measured == int(found[2])  # the probe and the over-budget trials: each a lower bound
     assert measured >= 1
     assert "Nothing measured fits the budget yet." in out.read_text()
     rendered = render(browser, out, tmp_path / "profile")
     assert (rendered["trials"], rendered["winner"], rendered["budget"]) == (measured, False, True)
+
+
+def test_the_legend_lies_beside_the_plot_and_never_over_the_winner_s_star(study) -> None:
+    """Issue 29: inside the plot, the legend could cover the winner's star."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from autotune.results.best import open_default
+    from autotune.results.figures import pareto_figure
+    from autotune.results.listing import show
+
+    cache, name = study
+    store = open_default(None, cache)
+    fig = pareto_figure(show(store, name))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.transforms import Bbox
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (ax,) = fig.axes
+    (legend,) = fig.legends
+    (star,) = [c for c in ax.collections if c.get_gid() == "winner"]
+    box = legend.get_window_extent(renderer)
+    assert not box.overlaps(ax.get_window_extent(renderer))  # beside the axes, not inside them
+    x, y = ax.transData.transform(star.get_offsets()[0])
+    radius = (star.get_sizes()[0] ** 0.5) / 2 * fig.dpi / 72  # the marker's size is in points squared
+    assert not box.overlaps(Bbox.from_extents(x - radius, y - radius, x + radius, y + radius))
+    assert box.x0 >= ax.get_window_extent(renderer).x1 and box.x1 <= fig.bbox.x1  # whole, on the figure

@@ -99,6 +99,25 @@ def test_a_failed_trial_is_one_line_with_its_log_path_whole() -> None:
     assert names.legend() == "plans shortened: LDL = LlamaDecoderLayer, attn = attention, mm = matmul"
 
 
+def test_a_trial_line_drops_whole_parts_to_fit_never_a_word() -> None:
+    """Issue 29: at 80 columns a trial line ended `1,455.4 sam…`. Its least needed parts go first, whole."""
+    record = TrialRecord(
+        number=2, state="COMPLETE", kind=TrialKind.MEASURED, batch_size=16, plan="none",
+        outcome=Outcome.COMPLETE, peak_bytes=126_177_443, samples_per_sec=1455.4, predicted_peak_bytes=126_300_000,
+        startup_seconds=0.2, measured_seconds=0.1,
+    )  # fmt: skip
+    names = PlanNames(16)
+    full = "trial   2     16  none              complete 120.33 MiB (pred +0%)  1,455.4 samples/s  0.2s+0.1s"
+    assert trial_line(record, 120, names, "best #2") == full + "  best #2"
+    assert trial_line(record, 100, names, "best #2") == full
+    assert trial_line(record, 80, names, "best #2") == (
+        "trial   2     16  none              complete 120.33 MiB (pred +0%)  1,455.4/s"
+    )
+    assert (
+        trial_line(record, 70, names) == "trial   2     16  none              complete 120.33 MiB  1,455.4/s"
+    )
+
+
 def answer(plan: str, **extra) -> BestAnswer:
     return BestAnswer(
         "gpt-1", "train.py", 8, plan, 2**30, 38.8, 2**31, True, "verified winner of study gpt-1", **extra
@@ -203,3 +222,18 @@ def test_the_status_line_tells_the_whole_run_and_fits() -> None:
     assert len(text) <= 77 and re.match(
         r"3 of ≤10 trials, \ds \| trial 4: 16 x LDL:0.5/save=at… \(frontier\)", text
     )
+
+
+def test_the_plans_table_has_no_column_of_blanks() -> None:
+    """Issue 29: before any plan was measured, the savings table's "check" column was empty."""
+    from autotune.cli.tables import checks_table
+    from autotune.results.listing import PlanCheck
+
+    def columns(*checks: PlanCheck) -> list[tuple[str, list[str]]]:
+        table, _ = checks_table(checks, PlanNames(16))
+        return [(str(c.header), [str(cell) for cell in c.cells]) for c in table.columns]
+
+    unmeasured = PlanCheck("Block:1", 2.0 * 2**20, None, False)
+    assert [name for name, _ in columns(unmeasured)] == ["plan", "predicted", "measured"]
+    measured = PlanCheck("Block:0.5", 2**20, 0.9 * 2**20, False)
+    assert columns(unmeasured, measured)[-1] == ("check", ["-", "ok"])

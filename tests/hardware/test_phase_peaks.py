@@ -58,3 +58,12 @@ def test_the_peak_checked_against_the_limit_is_never_below_a_phase_s() -> None:
     proc.wait()
     assert reading.method == "rss"
     assert reading.peak_bytes == max(reading.by_step.values()) > 100 * 2**20
+
+
+def test_no_meter_s_peak_is_below_a_step_s_or_a_phase_s_sample() -> None:
+    """Issue 29: an eval peak of 481.18 MiB beside a trial peak of 481.07: whatever the meter, the reading's
+    peak is the largest sample any step or phase took."""
+    for method in ("rss", "rss-tree", "rss-rank", "nvml"):
+        assert MemoryReading(100, method, 3, 1, by_step={0: 90, 1: 101}).peak_bytes == 101
+        assert MemoryReading(100, method, 3, 1, by_step={0: 90}, by_phase={"eval": 105}).peak_bytes == 105
+        assert MemoryReading(100, method, 3, 1, by_step={0: 90}, by_phase={"save": 99}).peak_bytes == 100
