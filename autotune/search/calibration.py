@@ -14,7 +14,7 @@ from __future__ import annotations
 from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
 from autotune.search.memory_model import GROWTH, MemoryModel
-from autotune.search.records import TrialRecord
+from autotune.search.records import Configuration, TrialRecord
 from autotune.search.space import SearchSpace
 
 
@@ -23,7 +23,7 @@ def next_calibration(
     model: MemoryModel,
     space: SearchSpace,
     limit: int,
-    tried: set[tuple[int | None, str | None]],
+    tried: set[Configuration],
 ) -> tuple[int, str] | None:
     """The calibration plan's next configuration (MemoryModel.calibration_batch: growing geometrically until
     its peaks rise above the noise, bisecting below a failure); None when it cannot grow any more or its

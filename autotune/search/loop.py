@@ -61,7 +61,15 @@ from autotune.search.propose import (
     speed_of,
     untried,
 )
-from autotune.search.records import REMEASURE, TrialKind, TrialRecord, best_record, constraint_mib
+from autotune.search.records import (
+    REMEASURE,
+    Configuration,
+    ProposedBy,
+    TrialKind,
+    TrialRecord,
+    best_record,
+    constraint_mib,
+)
 from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
 from autotune.search.runner import TrialRunner
@@ -154,7 +162,7 @@ class Search:
         self.recovery.recover()
         lease = self.store.take_queued(self.name, self.worker, self.device, kinds=(LeaseKind.TRIAL,))
         if lease is not None:
-            self._run_lease(lease, "retry" if lease.attempt else "released")
+            self._run_lease(lease, ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED)
             return Step.RAN
         records = records_of(self.study)
         leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
@@ -172,12 +180,12 @@ class Search:
         self._note_host_caps(model)
         self._check_hopeless(records, model)
         speed = speed_of(records, self.forward_shares, self.transfer)
-        taken = {(x.batch_size, x.plan) for x in leases}
+        taken = {Configuration(x.batch_size, x.plan) for x in leases}
         proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
         if proposal is None and self.misses >= DIRECT_AFTER:  # the sampler repeats itself
             left = untried(records, model, self.space, self.limit, taken, SKIP_MARGIN)
             proposal = (
-                Proposal(*left[0], "untried")
+                Proposal(*left[0], ProposedBy.UNTRIED)
                 if left
                 else Finished("every configuration that could fit was measured (or is under way)")
             )
@@ -232,14 +240,15 @@ class Search:
             raise NoFitError(
                 f"no configuration fits {format_bytes(self.limit)} (budget minus headroom): the model's "
                 f"weights, gradients and optimizer state alone take {format_bytes(self.fixed_bytes)} (the "
-                f"probe's count); it needs a budget of more than {self._budget_for(self.fixed_bytes)}"
+                f"probe's count); it needs a budget of more than {self.budget_for(self.fixed_bytes)}"
             )
         why = hopeless(records, model, self.space, self.limit)
         if why is not None:
             lowest = min((r.peak_bytes or 0 for r in records if r.measured), default=0)
-            raise NoFitError(f"{why}; it needs a budget of at least {self._budget_for(lowest)}")
+            raise NoFitError(f"{why}; it needs a budget of at least {self.budget_for(lowest)}")
 
-    def _budget_for(self, peak: int) -> str:
+    def budget_for(self, peak: int) -> str:
+        """The least budget whose limit (less the headroom) a peak of ``peak`` bytes fits."""
         return format_bytes(math.ceil(peak / (1 - self.headroom)))
 
     def ask_fixed(self, batch: int, plan: str) -> optuna.Trial:
@@ -279,10 +288,10 @@ class Search:
             self.study.tell(trial, state=TrialState.PRUNED)
             self.misses += 1
             return Step.MISSED
-        self._measure(trial, lease, predict_peak(records, model, self.space, batch, plan), "sampler")
+        self._measure(trial, lease, predict_peak(records, model, self.space, batch, plan), ProposedBy.SAMPLER)
         return Step.RAN
 
-    def _run_lease(self, lease: Lease, why: str) -> None:
+    def _run_lease(self, lease: Lease, why: ProposedBy) -> None:
         trial = self.ask_fixed(lease.batch_size, lease.plan)
         trial.set_user_attr("worker", self.worker)
         if 0 < lease.attempt < REMEASURE_ATTEMPT:  # a retry (a re-measurement is no retry)
@@ -344,12 +353,14 @@ class Search:
         else:
             self.study.tell(trial, state=TrialState.FAIL)
 
-    def _measure(self, trial: optuna.Trial, lease: Lease, predicted: float | None, why: str) -> TrialResult:
+    def _measure(
+        self, trial: optuna.Trial, lease: Lease, predicted: float | None, why: ProposedBy
+    ) -> TrialResult:
         self.misses = 0
         batch, plan = lease.batch_size, lease.plan
         for key, value in {
             "kind": TrialKind.MEASURED.value,
-            "proposed_by": why,
+            "proposed_by": why.value,
             "lease": lease.id,
             "device": self.device,
             "predicted_peak_bytes": int(predicted) if predicted is not None else None,

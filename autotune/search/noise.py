@@ -22,8 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
-from autotune.search.records import READINGS, TrialKind, TrialRecord
-from autotune.search.throughput_model import Configuration
+from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord
 
 LOADED = 0.05  # CPU pressure (a share of the trial's time) above the quietest trial's: a disturbed reading
 BETWEEN_FLOOR = 0.05  # two quiet trials of one configuration differ by up to about this much
@@ -81,7 +80,7 @@ def in_flight(records: Iterable[TrialRecord], config: Configuration) -> bool:
 
 def contradicted(records: list[TrialRecord]) -> Configuration | None:
     """A configuration whose readings disagree and that may be measured again (fewest readings first)."""
-    configs = {(r.batch_size, r.plan) for r in records if r.batch_size is not None and r.plan is not None}
+    configs = {r.config for r in records if r.config is not None}
     found = []
     for config in configs:
         rs = readings(records, config)
@@ -117,7 +116,7 @@ def certainty(records: list[TrialRecord], config: Configuration) -> str | None:
     """One line on how noisy the tuning was, or None for a quiet one: how far readings of one configuration
     disagreed, how many trials a busy machine disturbed, and how often the answer was measured."""
     spread = 1.0
-    for key in {(r.batch_size, r.plan) for r in records if r.batch_size is not None and r.plan is not None}:
+    for key in {r.config for r in records if r.config is not None}:
         mids = [i.mid for i in _intervals(readings(records, key))]
         if len(mids) > 1 and min(mids) > 0:
             spread = max(spread, max(mids) / min(mids))

@@ -38,9 +38,9 @@ from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import contradicted, next_attempt, unsettled
-from autotune.search.records import REMEASURE, TrialKind, TrialRecord, best_record
+from autotune.search.records import Configuration, ProposedBy, TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
-from autotune.search.throughput_model import Configuration, Reading, ThroughputModel
+from autotune.search.throughput_model import Reading, ThroughputModel
 
 UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this share of the heaviest's
 
@@ -49,7 +49,7 @@ UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this sha
 class Proposal:
     batch_size: int
     plan: str
-    why: str  # "calibration", "frontier", "candidate", "between", "re-measure", "untried"
+    why: ProposedBy
     # configurations (this one included) the models say could still beat the incumbent: the stop rule's view
     # of what is left; None while calibrating or past the frontier of an exhaustive search
     contenders: int | None = field(default=None, compare=False)
@@ -114,35 +114,63 @@ def propose(
     choose (an exhaustive search past its frontier, or a memory model that could not be calibrated).
 
     ``taken``: configurations leased by any worker (running, queued or ended)."""
-    # Anything that ended (a failure too: a broken plan is not proposed again) or is under way.
-    tried = {
-        (r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")
-    } | set(taken)
+    tried = _tried(records, taken)
     if not (model.calibrated and model.resolved):
         calibration = next_calibration(records, model, space, limit, tried)
         if calibration is not None:
-            return Proposal(*calibration, "calibration")
+            return Proposal(*calibration, ProposedBy.CALIBRATION)
         if not model.calibrated:
             return None
     if (again := contradicted(records)) is not None:
-        return Proposal(*again, REMEASURE, attempt=next_attempt(records, again))
+        return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.uniform_plans}
-    untried = [(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
+    untried = [Configuration(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
-        return Proposal(*untried[0], "frontier") if untried else None
+        return Proposal(*untried[0], ProposedBy.FRONTIER) if untried else None
     per_rank = rank_frontier(records, model, space, limit)
     frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})
-    candidates = [
-        (batch, plan)
+    candidates = _candidates(frontier, space, tried)
+    incumbent = best_record(records, limit)
+    value = _Valuation(speed, space, _reach(frontier, per_rank, model, space, limit), _bar(speed, incumbent))
+    # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
+    # what rules the recompute plans in or out.
+    first = next((c for c in untried if c.plan == space.uniform_plans[0]), None)
+    contenders = sum(value.worth(c) for c in {*candidates, *([first] if first else [])})
+    if first is not None and value.worth(first):
+        return Proposal(*first, ProposedBy.FRONTIER, contenders)
+    best = max(candidates, key=value.promise, default=None)
+    if best is not None and value.worth(best):
+        why = ProposedBy.FRONTIER if best.batch_size == frontier[best.plan] else ProposedBy.CANDIDATE
+        return Proposal(*best, why, contenders)
+    if incumbent is None:  # nothing fits yet, and nothing left is predicted to
+        return Finished("no configuration left is predicted to fit")
+    return _before_stopping(records, model, speed, space, limit, tried, incumbent, value, best)
+
+
+def _candidates(
+    frontier: dict[str, int | None], space: SearchSpace, tried: set[Configuration]
+) -> list[Configuration]:
+    """Every configuration not tried under its plan's frontier."""
+    return [
+        Configuration(batch, plan)
         for plan, largest in frontier.items()
         if largest is not None
         for batch in space.batch_sizes
         if batch <= largest and (batch, plan) not in tried
     ]
-    # Measuring a plan's frontier also shows how far the plan reaches: it is valued at the largest batch
-    # size the plan could fit (one not measured yet may save more than the model assumes).
-    reach = {
-        (largest, plan): max(
+
+
+def _reach(
+    frontier: dict[str, int | None],
+    per_rank: dict[str, tuple[int | None, int | None]],
+    model: MemoryModel,
+    space: SearchSpace,
+    limit: int,
+) -> dict[Configuration, int]:
+    """Each plan's frontier, valued at the largest batch size the plan could fit: measuring a frontier also
+    shows how far the plan reaches (one not measured yet may save more than the model assumes)."""
+    return {
+        Configuration(largest, plan): max(
             largest,
             (
                 per_rank[plan][1]
@@ -155,47 +183,69 @@ def propose(
         if largest is not None
     }
 
-    def optimistic(config: Configuration) -> float | None:
-        return speed.optimistic(reach.get(config, config[0]), config[1])
 
-    incumbent = best_record(records, limit)
-    bar = _bar(speed, incumbent)
+@dataclass(frozen=True)
+class _Valuation:
+    """What a configuration left is worth to the search: the throughput model's optimistic speed for it (a
+    frontier's at the batch size its plan could reach), against the incumbent's readings (``bar``)."""
 
-    def worth(config: Configuration) -> bool:
-        value = optimistic(config)
-        return bar is None or value is None or value > bar.high
+    speed: ThroughputModel
+    space: SearchSpace
+    reach: dict[Configuration, int]
+    bar: Interval | None
 
-    def promise(config: Configuration) -> tuple[float, int, int]:
+    def optimistic(self, config: Configuration) -> float | None:
+        return self.speed.optimistic(self.reach.get(config, config.batch_size), config.plan)
+
+    def worth(self, config: Configuration) -> bool:
+        """Whether it could beat the incumbent's interval (anything could, before an incumbent or a reading)."""
+        value = self.optimistic(config)
+        return self.bar is None or value is None or value > self.bar.high
+
+    def promise(self, config: Configuration) -> tuple[float, int, int]:
         """Optimistic throughput (unknown before any reading: the space's plan order), then the larger batch."""
-        return (optimistic(config) or 0.0, -space.plans.index(config[1]), config[0])
+        return (self.optimistic(config) or 0.0, -self.space.plans.index(config.plan), config.batch_size)
 
-    # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
-    # what rules the recompute plans in or out.
-    first = next((c for c in untried if c[1] == space.uniform_plans[0]), None)
-    contenders = sum(worth(c) for c in {*candidates, *([first] if first else [])})
-    if first is not None and worth(first):
-        return Proposal(*first, "frontier", contenders)
-    best = max(candidates, key=promise, default=None)
-    if best is not None and worth(best):
-        return Proposal(*best, "frontier" if best[0] == frontier[best[1]] else "candidate", contenders)
-    if incumbent is None:  # nothing fits yet, and nothing left is predicted to
-        return Finished("no configuration left is predicted to fit")
+
+def _before_stopping(
+    records: list[TrialRecord],
+    model: MemoryModel,
+    speed: ThroughputModel,
+    space: SearchSpace,
+    limit: int,
+    tried: set[Configuration],
+    incumbent: TrialRecord,
+    value: _Valuation,
+    best: Configuration | None,
+) -> Proposal | Finished:
+    """Nothing left is worth a trial: the readings that decide the stop are settled first (the incumbent's,
+    and the reference plan's largest batch, which bounds every other configuration's climb), and a plan
+    whose reading falls at a larger batch is probed between; then Finished, with the reason."""
     assert incumbent.batch_size is not None and incumbent.plan is not None
-    deciders = [(incumbent.batch_size, incumbent.plan)]
+    deciders = [Configuration(incumbent.batch_size, incumbent.plan)]
     if speed.reference is not None and (speed.largest, speed.reference) in speed.pooled:
-        deciders.append((speed.largest, speed.reference))
+        deciders.append(Configuration(speed.largest, speed.reference))
     if (again := unsettled(records, deciders)) is not None:
-        return Proposal(*again, REMEASURE, attempt=next_attempt(records, again))
-    if (question := _between(speed, model, space, limit, tried, bar)) is not None:
+        return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
+    if (question := _between(speed, model, space, limit, tried, value.bar)) is not None:
         return question
     name = f"{incumbent.plan}@{incumbent.batch_size}"
-    reason = (
-        f"no remaining configuration is predicted to beat {name} ({bar} samples/s) by more than its noise"
-    )
+    reason = f"no remaining configuration is predicted to beat {name} ({value.bar} samples/s) by more than its noise"
     if best is None:
         return Finished(f"{reason}; every configuration that could fit has been measured")
-    at_most = optimistic(best) or 0.0
-    return Finished(f"{reason}; the closest, {best[1]}@{best[0]}, could reach at most {at_most:,.1f}")
+    at_most = value.optimistic(best) or 0.0
+    return Finished(
+        f"{reason}; the closest, {best.plan}@{best.batch_size}, could reach at most {at_most:,.1f}"
+    )
+
+
+def _tried(records: Iterable[TrialRecord], taken: Iterable[Configuration]) -> set[Configuration]:
+    """What is not proposed again: anything that ended (a failure too: a broken plan is not proposed again)
+    or is under way, and the configurations leased by any worker (``taken``)."""
+    ended = {
+        r.config for r in records if r.config and (r.outcome is not None or r.state in ("RUNNING", "WAITING"))
+    }
+    return ended | set(taken)
 
 
 def unbalanced(records: Iterable[TrialRecord]) -> bool:
@@ -268,7 +318,7 @@ def _bar(speed: ThroughputModel, incumbent: TrialRecord | None) -> Interval | No
     """The incumbent's throughput as all its readings say, with their noise: what a candidate must beat."""
     if incumbent is None or incumbent.batch_size is None or incumbent.plan is None:
         return None
-    return speed.pooled.get((incumbent.batch_size, incumbent.plan)) or incumbent.throughput
+    return speed.pooled.get(Configuration(incumbent.batch_size, incumbent.plan)) or incumbent.throughput
 
 
 def _between(
@@ -276,7 +326,7 @@ def _between(
     model: MemoryModel,
     space: SearchSpace,
     limit: int,
-    tried: set[tuple[int | None, str | None]],
+    tried: set[Configuration],
     bar: Interval | None,
 ) -> Proposal | None:
     """A batch size between two readings of one plan where the larger batch read slower beyond both
@@ -299,7 +349,7 @@ def _between(
                 and largest is not None
                 and middle <= largest
             ):
-                return Proposal(middle, plan, "between")
+                return Proposal(middle, plan, ProposedBy.BETWEEN)
     return None
 
 
@@ -313,10 +363,7 @@ def untried(
 ) -> list[Configuration]:
     """Every configuration of the space not measured or under way that could fit (not predicted over the
     limit by more than ``margin``, below its plan's ceiling), the largest batch sizes first."""
-    tried = {
-        (r.batch_size, r.plan) for r in records if r.outcome is not None or r.state in ("RUNNING", "WAITING")
-    }
-    tried |= set(taken)
+    tried = _tried(records, taken)
     left = []
     for plan in space.plans:
         ceiling = model.ceiling(plan, limit)
@@ -325,5 +372,5 @@ def untried(
             if (batch, plan) in tried or (ceiling is not None and batch >= ceiling):
                 continue
             if predicted is None or predicted <= limit * (1 + margin):
-                left.append((batch, plan))
-    return sorted(left, key=lambda c: (-c[0], space.plans.index(c[1])))
+                left.append(Configuration(batch, plan))
+    return sorted(left, key=lambda c: (-c.batch_size, space.plans.index(c.plan)))

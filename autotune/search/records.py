@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.core.budget import fits, peak_phase
 from autotune.core.enums import TextEnum
@@ -26,7 +26,24 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 MiB = 2**20
-REMEASURE = "re-measure"  # a re-measurement's ``proposed_by``
+
+
+class ProposedBy(TextEnum):
+    """Why a trial ran (its ``proposed_by`` user attribute)."""
+
+    CALIBRATION = "calibration"  # the memory model's first trials (autotune.search.calibration)
+    FRONTIER = "frontier"  # a plan's largest batch size measured or predicted to fit
+    CANDIDATE = "candidate"  # a configuration under a plan's frontier whose optimistic speed could win
+    BETWEEN = "between"  # a batch between two readings of a plan that fall where they should rise
+    REMEASURE = "re-measure"  # a configuration read again: its readings disagreed (autotune.search.noise)
+    UNTRIED = "untried"  # the memory model could not be calibrated: what is left, smallest peak first
+    SAMPLER = "sampler"  # Optuna's sampler (--exhaustive past the frontier, or an uncalibrated model)
+    VERIFICATION = "verification"  # the winner re-run longer (autotune.search.verify)
+    RETRY = "retry"  # a dead worker's configuration, run once more (autotune.search.recovery)
+    RELEASED = "released"  # a configuration a stopping worker released before it ran, run here
+
+
+REMEASURE = ProposedBy.REMEASURE  # a re-measurement's ``proposed_by``
 
 
 class TrialKind(TextEnum):
@@ -40,6 +57,13 @@ class TrialKind(TextEnum):
 
 
 READINGS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)  # what reads a configuration
+
+
+class Configuration(NamedTuple):
+    """One point of the search space: equal to (and hashed as) the plain tuple ``(batch_size, plan)``."""
+
+    batch_size: int
+    plan: str
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,13 @@ class TrialRecord:
             lengths=(attrs["lengths"][0], attrs["lengths"][1]) if attrs.get("lengths") else None,
             **{name: attrs.get(name) for name in _ATTRS},
         )
+
+    @property
+    def config(self) -> Configuration | None:
+        """Its batch size and plan (None for a trial stored without them)."""
+        if self.batch_size is None or self.plan is None:
+            return None
+        return Configuration(self.batch_size, self.plan)
 
     @property
     def counted(self) -> bool:

@@ -39,6 +39,7 @@ import numpy as np
 from autotune.core.errors import InputError
 from autotune.core.plans import parse_plan, recomputes_at_least
 from autotune.core.stats import NOISE_FLOOR, Interval, pooled
+from autotune.search.records import Configuration
 
 FORWARD_SHARE_OF_STEP = 0.2  # the least share of a sample's work its forward pass takes: a bound
 MAX_FORWARD_SHARE = (
@@ -46,8 +47,6 @@ MAX_FORWARD_SHARE = (
 )
 EXPECTED_FORWARD_SHARE = 1 / 3  # what a prediction (not a bound) assumes
 PER_SAMPLE_SHARE_MIN = 0.05  # below this share of the step, per-sample time is too small to divide by
-
-Configuration = tuple[int, str]  # (batch size, plan)
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class ThroughputModel:
         moves = dict(transfer or {})
         grouped: dict[Configuration, list[Interval]] = defaultdict(list)
         for r in readings:
-            grouped[(r.batch_size, r.plan)].append(r.throughput)
+            grouped[Configuration(r.batch_size, r.plan)].append(r.throughput)
         configs = {key: p for key, values in grouped.items() if (p := pooled(values)) is not None}
         by_plan: dict[str, dict[int, Interval]] = defaultdict(dict)
         for (batch, plan), speed in configs.items():
@@ -208,7 +207,7 @@ class ThroughputModel:
         H200 (GPT-2 medium, 9.1 samples/s at batch 7), proposed as if free; GPT-2 medium's 2.56 GiB a sample
         take at least 0.086 s over a 64 GB/s link and back, where a whole step took 0.038 s a sample at 2."""
         seconds = self.transfer.get(plan)
-        reading = self.pooled.get((self.largest, self.reference or ""))
+        reading = self.pooled.get(Configuration(self.largest, self.reference or ""))
         if not seconds or reading is None or reading.low <= 0:
             return 0.0
         return max(seconds * reading.low - 1.0, 0.0)
@@ -229,7 +228,7 @@ class ThroughputModel:
         smaller: an optimistic bound stays a bound."""
         estimates = []
         for batch, speed in points.items():
-            ref = self.pooled.get((batch, self.reference or ""))
+            ref = self.pooled.get(Configuration(batch, self.reference or ""))
             if ref is not None:
                 ref_step, ref_noise = batch / ref.mid, ref.noise
             elif self.line is not None:

@@ -32,7 +32,7 @@ from autotune.search import noise
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, model_of, speed_of
-from autotune.search.records import READINGS, TrialKind, TrialRecord, best_record, peak_verdict
+from autotune.search.records import READINGS, ProposedBy, TrialKind, TrialRecord, best_record, peak_verdict
 from autotune.search.throughput_model import plan_recomputes_at_least
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
@@ -89,7 +89,7 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
         tried = {(x.batch_size, x.plan) for x in leases}
         candidate = next((c for c, _ in _fitting_configs(search, records) if c not in tried), None)
         if len(tried) >= MAX_VERIFICATIONS or candidate is None:
-            raise NoFitError(_no_fit_message(records, search.limit))
+            raise NoFitError(_no_fit_message(search, records))
         batch, plan = candidate
         lease = store.claim(name, LeaseKind.VERIFY, batch, plan, 0, search.worker, search.device)
         if lease is None:
@@ -99,7 +99,7 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
 
 def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> BestRow | None:
     """Verify the leader of ``lease`` against its rivals: the best plan, stored, if a contender fits."""
-    leader = (lease.batch_size, lease.plan)
+    leader = Configuration(lease.batch_size, lease.plan)
     if _fitting(search, leader) is None:  # only possible for a stale queued retry: nothing to verify any more
         search.store.end_lease(lease.id, LeaseState.FAILED, "no fitting trial of this configuration")
         return None
@@ -175,15 +175,14 @@ def _fitting_configs(search: Search, records: list[TrialRecord]) -> list[tuple[C
     verification's included) nor failed in a verification, fastest first by all their readings (then the
     smaller batch: a stable order)."""
     failed = {
-        (x.batch_size, x.plan)
+        Configuration(x.batch_size, x.plan)
         for x in search.store.leases(search.name, kinds=(LeaseKind.VERIFY,))
         if x.state is LeaseState.FAILED
     }
     configs = {
-        (r.batch_size, r.plan)
+        r.config
         for r in records
-        if r.batch_size is not None
-        and r.plan is not None
+        if r.config is not None
         and r.kind in (TrialKind.MEASURED, TrialKind.WARM_START)
         and r.fits(search.limit)
     }
@@ -220,7 +219,7 @@ def rivals(
     for config, reading in ranked:
         others = speed_of([r for r in records if (r.batch_size, r.plan) != config], forward_shares, transfer)
         # Only what the others measured predicts a configuration: its plan's overhead or the curve itself.
-        known = config[1] == others.reference or config[1] in others.overhead
+        known = config.plan == others.reference or config.plan in others.overhead
         predicted = (others.predict(*config) or 0.0) if known else 0.0
         plausible = predicted >= own.low and not _dominates(leader, config)
         if config != leader and (reading.overlaps(own) or plausible):
@@ -285,8 +284,8 @@ def _store(search: Search, lease: Lease, config: Configuration, records: list[Tr
     best = BestRow(
         search.name,
         trial.number,
-        config[0],
-        config[1],
+        config.batch_size,
+        config.plan,
         trial.peak_bytes or 0,
         trial.samples_per_sec or 0.0,
         # the largest peak of any of its readings: a first trial pays torch.compile's compilation (its
@@ -319,7 +318,7 @@ def _failed(search: Search, lease: Lease, config: Configuration) -> None:
 
 
 def _name(config: Configuration) -> str:
-    return f"{config[1]}@{config[0]}"
+    return f"{config.plan}@{config.batch_size}"
 
 
 def _run_verification(
@@ -333,7 +332,7 @@ def _run_verification(
     trial = search.ask_fixed(batch, plan)
     for key, value in {
         "kind": TrialKind.VERIFICATION.value,
-        "proposed_by": "verification",
+        "proposed_by": ProposedBy.VERIFICATION.value,
         "note": note,
         "worker": search.worker,
         "lease": lease.id,
@@ -363,13 +362,19 @@ def _run_verification(
     return result
 
 
-def _no_fit_message(records: list[TrialRecord], limit: int) -> str:
+def _no_fit_message(search: Search, records: list[TrialRecord]) -> str:
+    """Why nothing is answered, as a hopeless search says it (autotune.search.loop.Search._check_hopeless):
+    the smallest peak measured, here or for another budget, and the budget it would need."""
+    limit = search.limit
     measured = [r for r in records if r.measured and r.peak_bytes is not None]
     if not measured:
         return f"no configuration fits {format_bytes(limit)} (budget minus headroom): no trial completed"
     smallest = min(measured, key=lambda r: r.peak_bytes or 0)
+    where = f"trial {smallest.number}" + (
+        " (measured for another budget)" if smallest.kind is TrialKind.WARM_START else ""
+    )
     return (
         f"no configuration fits {format_bytes(limit)} (budget minus headroom): the smallest peak measured was "
-        f"{format_bytes(smallest.peak_bytes or 0)} (batch {smallest.batch_size}, plan {smallest.plan}, trial "
-        f"{smallest.number}); every trial is kept"
+        f"{format_bytes(smallest.peak_bytes or 0)} (batch {smallest.batch_size}, plan {smallest.plan}, {where}); "
+        f"it needs a budget of at least {search.budget_for(smallest.peak_bytes or 0)}; every trial is kept"
     )

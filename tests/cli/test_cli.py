@@ -248,3 +248,23 @@ def test_doctor_fails_when_torch_cannot_be_imported(tmp_path) -> None:
     assert proc.returncode == 1
     assert "no  torch: ImportError: No module named torch (hidden by this test)" in proc.stdout
     assert "-> pip install torch (>= 2.4, for selective checkpointing)" in proc.stdout
+
+
+def test_a_hopeless_budget_answered_from_other_budgets_trials_names_the_budget_it_needs(tmp_path) -> None:
+    """Issue 29: `run --budget 50MB` after the demo made 0 trials (every warm-started reading over it, the
+    other plans predicted over it) and said less than a hopeless search that measured: the budget it needs."""
+
+    def run(budget: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [AUTOTUNE, "run", "--device", "cpu", "--budget", budget, "--batch-sizes", "8,16", "--plans", "none;A:1",
+             "--cache-dir", str(tmp_path), "--", "python", str(SYNTHETIC), "--base-mib", "40", "--per-sample-mib",
+             "4", "--plan-effects", "A:1=0.5:0.5", "--step-seconds", "0.01"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    assert run("200MiB").returncode == 0
+    hopeless = run("50MiB")
+    assert hopeless.returncode == 6, hopeless.stderr
+    error = hopeless.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: no configuration fits 47.50 MiB (budget minus headroom)"), error
+    assert "(measured for another budget)" in error and "; it needs a budget of at least " in error

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from test_propose import trial
 
-from autotune.search.records import TrialRecord
+from autotune.search.records import Configuration, TrialRecord
 from autotune.search.verify import rivals
 
 
 def ranked(records: list[TrialRecord]) -> list:
-    readings = [((r.batch_size, r.plan), r.throughput) for r in records]
+    readings = [(r.config, r.throughput) for r in records]
     return sorted(readings, key=lambda pair: -pair[1].mid)
 
 
@@ -21,7 +21,7 @@ def test_a_smaller_batch_of_the_leader_s_plan_that_read_slower_is_no_rival() -> 
     reading overlaps the leader's, is its rival."""
     speeds = {1: 20.3, 4: 32.7, 24: 32.7}
     records = [trial(n, b, "none", 10, samples_per_sec=s) for n, (b, s) in enumerate(speeds.items())]
-    assert rivals((24, "none"), ranked(records), records, {}) == [(4, "none")]
+    assert rivals(Configuration(24, "none"), ranked(records), records, {}) == [(4, "none")]
 
 
 def test_a_slow_reading_of_another_plan_the_model_puts_at_the_leader_s_speed_is_a_rival() -> None:
@@ -34,4 +34,4 @@ def test_a_slow_reading_of_another_plan_the_model_puts_at_the_leader_s_speed_is_
         trial(3, 24, "A:1", 5, samples_per_sec=24 / (0.05 + 24 * 0.0005 * 2.8)),
         trial(4, 48, "A:1", 5, samples_per_sec=48 / (0.05 + 48 * 0.0005 * 2.8) / 1.3),
     ]
-    assert (48, "A:1") in rivals((24, "none"), ranked(records), records, {})
+    assert (48, "A:1") in rivals(Configuration(24, "none"), ranked(records), records, {})
