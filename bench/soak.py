@@ -7,7 +7,7 @@ descriptors, RSS and zombie children are sampled from outside as the trials land
 The worker soak spreads the trials over J submitted jobs (each its own workload, 25 batch sizes x a few
 plans); the run soak is one `autotune run` whose study holds them all.
 
-Prints the figures at 10% of the trials and at the end, and their ratios (RELIABILITY.md: stable
+Prints the figures at 10% of the trials and at the end, and their ratios (docs/reliability.md: stable
 within 5%). tests/workers/test_daemon.py runs the same soak with fewer trials.
 
 Many jobs is a daemon's life, and what tells a leak (memory kept per trial or per job) from the data of

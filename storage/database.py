@@ -1,4 +1,4 @@
-"""Opening a database safely: any SQLAlchemy URL, with SQLite's traps handled (shared/RELIABILITY.md §3, §9).
+"""Opening a database safely: any SQLAlchemy URL, with SQLite's traps handled (docs/reliability.md §3, §9).
 
 - Tables are created once, under a lock (an flock next to a SQLite file; a PostgreSQL advisory lock):
   racing first starts on a fresh SQLite path otherwise fail while creating tables (optuna #4621).

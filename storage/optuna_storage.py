@@ -14,7 +14,7 @@ from autotune.storage.database import retried
 
 class RetryingRDBStorage(optuna.storages.RDBStorage):
     """Optuna's RDBStorage whose every call is retried while the database is locked or unreachable
-    (autotune.storage.retrying): a lock held past the busy timeout, or a PostgreSQL restart, delays
+    (autotune.storage.database.retrying): a lock held past the busy timeout, or a PostgreSQL restart, delays
     a worker instead of failing its live trial or losing its result. Still an RDBStorage, so Optuna
     keeps its trial cache in front of it.
 

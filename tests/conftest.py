@@ -132,7 +132,7 @@ def in_a_fresh_interpreter(code: str, not_imported: tuple[str, ...] = (), timeou
 
 
 def cli_in_a_fresh_interpreter(argv: list[str], not_imported: tuple[str, ...], timeout: float = 120) -> str:
-    """``autotune ARGV`` through autotune.cli.commands in a new process (exit 0 required); see in_a_fresh_interpreter."""
+    """``autotune ARGV`` through autotune.cli.main in a new process (exit 0 required); see in_a_fresh_interpreter."""
     code = f"from autotune.cli import cli\ntry:\n    cli({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
     return in_a_fresh_interpreter(code, not_imported, timeout)
 

@@ -2,7 +2,7 @@
 
 ORTModule is deprecated upstream (no development since 2024; onnxruntime-training 1.19.2, Sept 2024, is
 the last release). autotune supports exactly that release as a compatibility backend; torch is the primary
-one. Facts this module rests on were measured on this project's machines (shared/ORT_NOTES.md).
+one. Facts this module rests on were measured on this project's machines (docs/ort_notes.md).
 
 ``prepare()`` of an ORT trial calls :func:`wrap`, which calls :func:`load_ortmodule` once per process
 (fixes A-E live in ``ort_fixes``, F here):

@@ -1,5 +1,5 @@
 """The ``autotune`` command line: commands and rendering only; every command is one call into the library
-(autotune.api). main.py holds the group and the error mapping; *_commands.py the commands; render*.py,
+(autotune.api). main.py holds the group and the error mapping; answer_commands.py, trial_commands.py and tuning_commands.py the commands; render*.py,
 tables.py and console.py what they print."""
 
 import os

@@ -1,6 +1,6 @@
 """One exception root for everything autotune reports to a user.
 
-Each subclass carries the process exit code the CLI uses for it; only ``autotune.cli.commands`` turns an error
+Each subclass carries the process exit code the CLI uses for it; only ``autotune.cli.main`` turns an error
 into an exit code and a printed line.
 """
 

@@ -1,7 +1,7 @@
 """How busy the machine was during a trial: what a reading of its speed can be trusted for.
 
 A trial's steps agree with each other to ±1% while two trials of one configuration, minutes apart on a shared
-machine, read 62.5 and 1.3 samples/s (RELIABILITY.md): the load that matters comes and goes *between* trials.
+machine, read 62.5 and 1.3 samples/s (docs/reliability.md): the load that matters comes and goes *between* trials.
 Measured here (2 cores): a 2-thread torch step ran 3x slower beside one process burning a core, and the
 kernel's CPU pressure (``/proc/pressure/cpu``, "some": the share of time at least one runnable task waited
 for a CPU) read 0.33 over that trial against 0.003-0.013 alone. The load average moves over a minute, far

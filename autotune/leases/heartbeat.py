@@ -1,7 +1,7 @@
 """Heartbeats: a thread that bumps the beat counter of every lease this process holds.
 
 Optuna's own heartbeat thread dies on the first database error (a 2.5 s write lock was enough here,
-RELIABILITY.md §6), after which another worker fails the still-running trial. This one's beats go
+docs/reliability.md §6), after which another worker fails the still-running trial. This one's beats go
 through the Store, which retries locks and lost connections; any other error is logged and the next
 beat comes as usual: the thread never stops before its process does.
 """

@@ -20,7 +20,7 @@ configuration bound them).
 Any number of searches, in processes on any hosts, can work on one study. A configuration is *leased* in
 the database (``Store.claim``: a unique key) before its trial is asked for, so exactly one worker measures
 it, on SQLite as on PostgreSQL. (Optuna's own queue, ``enqueue_trial``, hands one queued trial to several
-workers on SQLite: RELIABILITY.md §4.) Workers heartbeat their leases; a lease whose worker died — a dead
+workers on SQLite: docs/reliability.md §4.) Workers heartbeat their leases; a lease whose worker died — a dead
 pid on this host, or beats that stopped for the grace period — is failed with its trial, and its
 configuration is queued once more (attempt 1), never twice.
 

@@ -53,7 +53,7 @@ GROWTH = 4  # an unresolved calibration's next batch size: about this many times
 EXTRAPOLATION = 8  # no proposal beyond this many times the largest batch size measured with its plan
 MiB = 2**20
 # The noise a meter's readings have before any repeat shows more, as (share of the smallest peak, least
-# bytes): RSS moved ±35 MiB at ~500 MiB between two trials here (RELIABILITY.md); NVML readings of one
+# bytes): RSS moved ±35 MiB at ~500 MiB between two trials here (docs/reliability.md); NVML readings of one
 # configuration agree to the allocator's 2 MiB granularity. Repeats and contradictions widen it.
 NOISE_PRIOR = {"rss": (0.02, 4 * MiB), "rss-tree": (0.02, 4 * MiB), "nvml": (0.002, 2 * MiB)}
 

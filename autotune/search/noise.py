@@ -2,7 +2,7 @@
 anything is concluded from it, and how sure an answer is.
 
 A trial's steps agree to ±1% while two trials of one configuration on a shared machine have read 62.5 and
-1.3 samples/s: the load that matters comes and goes between trials (RELIABILITY.md). Each trial records the
+1.3 samples/s: the load that matters comes and goes between trials (docs/reliability.md). Each trial records the
 kernel's CPU pressure over its run (autotune.hardware.load). A reading is *disturbed* when the pressure
 over its trial was more than LOADED above the quietest trial of the study (the trial's own threads, the
 tuner's meter: what a quiet machine shows). A configuration's speed is the median of all its readings

@@ -1,7 +1,7 @@
 """The trial shim: a tiny process between the tuner and a trial. Standard library only, run as
 ``python -I -S _shim.py RESULT TUNER_PID GRACE -- COMMAND...``.
 
-Why it exists (shared/RELIABILITY.md §1, §2, §7):
+Why it exists (docs/reliability.md §1, §2, §7):
 
 - ``ru_maxrss`` of an exec'd child includes the high-water mark of the process that forked it, so a
   tuner holding 800 MiB would see every trial read >= 800 MiB. The shim is small; it forks the trial and

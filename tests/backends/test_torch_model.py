@@ -1,6 +1,6 @@
 """Which modules are the script's model (autotune.backends.torch_model), and a model of several trees
 probed, planned and checked as one (#32 item 2). In-process, tiny torch models; the trial of a real script
-of three modules is tests/runtime/test_whole_model.py."""
+of three modules is tests/compat/test_whole_model.py."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def test_the_probe_finds_the_blocks_and_every_default_plan_completes_and_saves_m
     print(f"{family}: none {none.peak_bytes / MiB:.1f} MiB; " + ", ".join(
         f"{plan} -{(none.peak_bytes - peak) / MiB:.1f}" for plan, peak in peaks.items()
     ))  # fmt: skip
-    # A plan predicted to save what the meter resolves (RELIABILITY.md: RSS reads within 8 MiB) peaks lower
+    # A plan predicted to save what the meter resolves (docs/reliability.md: RSS reads within 8 MiB) peaks lower
     # than no plan; one predicted to save less (BERT's BertSelfOutput: what it keeps is its neighbours'
     # too) is only held to no more than no plan within that noise: one torch thread per process (CI's
     # compatibility phase) read BertSelfOutput:1 0.4 MiB above no plan, two threads 1 MiB below.

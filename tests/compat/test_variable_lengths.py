@@ -2,7 +2,7 @@
 32-512 tokens each step. Its job's peak is what 200 steps of it reach standalone; a trial in worst-case
 mode (AUTOTUNE_WORST_CASE=1: the script pads to 512) measures that peak within 5% in its few steps, and a
 plain trial says its lengths varied. Real processes, real RSS; the standalone run's peak is the kernel's
-high-water mark of the script alone (os.wait4 from a small stdlib launcher, RELIABILITY.md §1)."""
+high-water mark of the script alone (os.wait4 from a small stdlib launcher, docs/reliability.md §1)."""
 
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ def test_real_nvml_measures_a_cuda_trial(tmp_path) -> None:
     result = on_the_gpu(script, tmp_path)
     assert result.outcome is Outcome.COMPLETE
     assert result.memory_method == "nvml"
-    # 1 GiB tensor plus a CUDA context of 250-700 MB (RELIABILITY.md §8): NVML sees both, torch only the tensor.
+    # 1 GiB tensor plus a CUDA context of 250-700 MB (docs/reliability.md §8): NVML sees both, torch only the tensor.
     assert 1024 * MiB + 200 * MiB < result.peak_bytes < 1024 * MiB + 2048 * MiB
     assert result.torch_peak_allocated == 1024 * MiB
 
@@ -340,7 +340,7 @@ def test_after_a_killed_trial_the_next_starts_from_the_idle_device(tmp_path) -> 
 @pytest.mark.gpu
 def test_nvml_and_torch_s_counters_agree_on_three_batch_sizes(tmp_path) -> None:
     """NVML's whole-process peak minus torch's reserved peak is the CUDA context and library workspaces:
-    the same at every batch size (RELIABILITY.md: within 256 MiB), never negative."""
+    the same at every batch size (docs/reliability.md: within 256 MiB), never negative."""
     _real_nvml()
     overheads = []
     for batch in (8, 32, 128):

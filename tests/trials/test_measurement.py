@@ -17,7 +17,7 @@ from conftest import SYNTHETIC, MiB, alive
 
 
 def within(measured: int, expected: int) -> bool:
-    """RELIABILITY.md's tolerance: ±3% or ±8 MiB, whichever is larger."""
+    """docs/reliability.md's tolerance: ±3% or ±8 MiB, whichever is larger."""
     return abs(measured - expected) <= max(0.03 * expected, 8 * MiB)
 
 
@@ -32,7 +32,7 @@ def test_peak_grows_by_exactly_what_the_trial_holds(synthetic) -> None:
 
 def test_a_large_tuner_does_not_inflate_the_trial(synthetic) -> None:
     baseline = synthetic(1).peak_bytes
-    ballast = bytearray(b"\x01") * (1024 * MiB)  # the tuner holds 1 GiB (RELIABILITY.md §1)
+    ballast = bytearray(b"\x01") * (1024 * MiB)  # the tuner holds 1 GiB (docs/reliability.md §1)
     try:
         assert within(synthetic(1).peak_bytes, baseline)
         assert within(synthetic(1, "--base-mib", "300").peak_bytes - baseline, 300 * MiB)

@@ -1,5 +1,5 @@
 """The daemon as real processes: `autotune submit` + `autotune worker` on SQLite and a real PostgreSQL,
-with workers killed, stopped and locked out (shared/RELIABILITY.md's storage suite)."""
+with workers killed, stopped and locked out (docs/reliability.md's storage suite)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Many workers sharing jobs through one database (RELIABILITY.md: the 60 s busy timeout was needed at 32
+"""Many workers sharing jobs through one database (docs/reliability.md: the 60 s busy timeout was needed at 32
 workers): 32 `autotune worker` processes on SQLite and 8 on PostgreSQL, 320 counted trials each, synthetic
 trials of a fraction of a second. Exactly the configured trials complete, no configuration is measured
 twice, nothing is left FAIL, RUNNING or WAITING, and no worker dies.
