@@ -42,20 +42,24 @@ def defined(path: Path, names: list[str]) -> bool:
     for name in names:
         found = None
         for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name:
-                found = node
-            elif isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == name for t in node.targets
-            ):
-                found = node
-            elif (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and node.target.id == name
-            ):
-                found = node
-            elif isinstance(node, ast.ImportFrom | ast.Import) and any(
-                (a.asname or a.name.split(".")[0]) == name for a in node.names
+            if (
+                (
+                    isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                    and node.name == name
+                )
+                or (
+                    isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+                )
+                or (
+                    isinstance(node, ast.AnnAssign)
+                    and isinstance(node.target, ast.Name)
+                    and node.target.id == name
+                )
+                or (
+                    isinstance(node, ast.ImportFrom | ast.Import)
+                    and any((a.asname or a.name.split(".")[0]) == name for a in node.names)
+                )
             ):
                 found = node
         if found is None:
