@@ -32,35 +32,51 @@ class TuneSpec:
     """One tuning job. Build it with :func:`tune_spec` or directly; values are validated here."""
 
     command: TrialCommand
+    """The script and its arguments, or a command template with ``{batch_size}``."""
     budget: Budget
+    """The memory the winner's measured peak must fit (less ``headroom``)."""
     trials: int = DEFAULT_TRIALS
+    """The most measured trials the study may hold (over resumed runs and every worker)."""
     batch_sizes: tuple[int, ...] = field(default_factory=lambda: parse_batch_sizes(None))
-    plans: tuple[str, ...] | None = None  # None: derived from the model's repeated classes
+    """The batch sizes searched (with ``global_batch``: micro-batches dividing it)."""
+    plans: tuple[str, ...] | None = None
+    """The plans searched; None: derived from the model's repeated classes by the probe."""
     settings: TrialSettings = field(default_factory=TrialSettings)
+    """How each trial runs: warm-up and measured steps, time limits, phases after the steps."""
     headroom: float = DEFAULT_HEADROOM
+    """The share of the budget the winner's verified peak keeps free."""
     seed: int | None = DEFAULT_SEED
+    """The sampler's seed."""
     device: str = "auto"
+    """Where trials run: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``cuda:N+M``."""
     cache_dir: Path | None = None
-    storage: str | None = None  # SQLAlchemy URL; None: SQLite in the cache dir
+    """The database and trial logs; None: the user cache dir."""
+    storage: str | None = None
+    """A SQLAlchemy URL (PostgreSQL for workers on several hosts); None: SQLite in the cache dir."""
     study: str | None = None
+    """The study's name; None: derived from the script and the search."""
     force: bool = False
+    """Forget the stored study (and the workload's probe) and tune again."""
     backend: Backend = Backend.TORCH
-    exhaustive: bool = (
-        False  # measure every plan's frontier and then sample until ``trials``: no stopping rule
-    )
-    global_batch: int | None = None  # every trial trains this many samples per optimizer step
-    grad_accum: int | None = None  # the script accumulates this many micro-batches on its own
-    # Devices that run trials of this job beside ``device``, in this process (workers.Worker threads).
-    # None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs.
+    """How plans recompute: torch's checkpointing, or ORT's memory optimizer."""
+    exhaustive: bool = False
+    """Measure every plan's frontier, then sample until ``trials``: no stopping rule."""
+    global_batch: int | None = None
+    """Every trial trains this many samples per optimizer step (a micro-batch, accumulated)."""
+    grad_accum: int | None = None
+    """The script accumulates this many micro-batches per optimizer step on its own."""
     helpers: tuple[str, ...] | None = None
-    gpus_per_trial: int = 1  # each trial runs on this many GPUs (a torchrun job's ranks)
-    # The host memory a trial's processes may hold (absolute, or a share of the host's): this host's, not
-    # part of the job (a worker uses its own host's default). None: what the host has available as the run
-    # starts, less a margin (autotune.hardware.host.default_host_budget).
+    """Devices that run trials of this job beside ``device``, in this process (workers.Worker threads).
+    None: with device "auto", every other visible GPU; () none. Not part of the job: workers bring theirs."""
+    gpus_per_trial: int = 1
+    """Each trial runs on this many GPUs (a torchrun job's ranks)."""
     host_budget: Budget | None = None
-    # The job's longest sequence length, where its trials cannot feed it (autotune.worst_case()): every
-    # peak is read at this length from the per-token memory the trials measured (autotune.search.longest).
+    """The host memory a trial's processes may hold (absolute, or a share of the host's): this host's, not
+    part of the job (a worker uses its own host's default). None: what the host has available as the run
+    starts, less a margin (autotune.hardware.host.default_host_budget)."""
     max_seq_len: int | None = None
+    """The job's longest sequence length, where its trials cannot feed it (autotune.worst_case()): every
+    peak is read at this length from the per-token memory the trials measured (autotune.search.longest)."""
 
     def __post_init__(self) -> None:
         if self.trials < 1:
