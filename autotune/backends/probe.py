@@ -102,7 +102,7 @@ def _chosen(data: TorchProbeReport, plan: Plan) -> dict[str, ModuleRule]:
     chosen: dict[str, ModuleRule] = {}
     for rule in rules:
         names = [i.name for i in data.instances if i.cls == rule.cls]
-        chosen.update((name, rule) for name in names[: rule.count(len(names))])
+        chosen.update((names[i], rule) for i in rule.chosen(len(names)))
     return {name: rule for name, rule in chosen.items() if not _has_ancestor(name, set(chosen))}
 
 

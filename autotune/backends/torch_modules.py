@@ -3,7 +3,8 @@
 Candidates are the module classes that repeat in a model (transformer blocks, attention, MLPs): composite
 modules (with children) that occur at least twice, the root and containers excluded (lists, dicts, and a
 ``Sequential`` of blocks: a ResNet stage, the ``Sequential`` of six ``Sequential`` blocks). A
-plan checkpoints the first ``round(ratio * count)`` instances of the classes it names with non-reentrant
+plan checkpoints ``round(ratio * count)`` instances of the classes it names, spread evenly from the first
+(``ModuleRule.chosen``), with non-reentrant
 ``torch.utils.checkpoint`` — selectively, with an operator policy, through
 ``create_selective_checkpoint_contexts``; an instance nested inside one already checkpointed is left alone
 (recomputing it twice would save nothing more).
@@ -237,7 +238,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
     chosen = {
         name: rule
         for rule in rules
-        for name in candidates[rule.cls].names[: rule.count(candidates[rule.cls].count)]
+        for name in (candidates[rule.cls].names[i] for i in rule.chosen(candidates[rule.cls].count))
     }
     modules = dict(model.named_modules())
     for name, rule in chosen.items():

@@ -33,8 +33,9 @@ can name stored trials::
 
 Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
-``compile`` and ``own`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. The first ``round(ratio * count)`` instances
-in module order are checkpointed (at least one for any ratio > 0).
+``compile`` and ``own`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. ``round(ratio * count)`` instances
+are checkpointed (at least one for any ratio > 0), spread evenly from the first in module order
+(:meth:`ModuleRule.chosen`: ``Block:0.5`` every other block, as Hugging Face's ``every_n_layers=2``).
 
 This module imports no torch: plans are parsed and printed by commands that run no trial.
 """
@@ -117,6 +118,13 @@ class ModuleRule:
     def count(self, instances: int) -> int:
         """How many of ``instances`` this rule checkpoints."""
         return max(1, math.floor(self.ratio * instances + 0.5)) if instances else 0
+
+    def chosen(self, instances: int) -> list[int]:
+        """Which of ``instances`` (by index, in the model's order) it checkpoints: :meth:`count` of them,
+        spread evenly from the first: ``Block:0.5`` every other block (0, 2, 4...), ``Block:0.25`` every
+        fourth, as Hugging Face's ``every_n_layers`` places them (its ``layer_index % k == 0``)."""
+        count = self.count(instances)
+        return [i * instances // count for i in range(count)]
 
     def __str__(self) -> str:
         return f"{self.cls}:{self.ratio:.3g}" + (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class BestAnswer:
     command: tuple[str, ...] = ()  # the workload's command template, or the script's arguments
     template: bool = False  # whether ``command`` is a template ({batch_size}) rather than script arguments
     outermost: tuple[str, ...] = ()  # the probe's outermost repeated classes (the model's blocks)
+    layers: dict[str, int] = field(default_factory=dict)  # instances of each repeated class, by the probe
     # the checkpointing the script does by itself, as the probe saw it (None: none): the plan adds to it
     own_checkpointing: str | None = None
 
@@ -115,6 +116,7 @@ def best(
         command=tuple(details.get("command") or ()),
         template=bool(details.get("is_template")),
         outermost=tuple(c["cls"] for c in probe.get("candidates", ()) if c.get("outermost")),
+        layers={c["cls"]: int(c["count"]) for c in probe.get("candidates", ()) if c.get("count")},
         own_checkpointing=probe.get("own_checkpointing"),
         backend=Backend.parse(workload.backend) if workload is not None else Backend.TORCH,
         fingerprint=row.fingerprint if row is not None else "",

@@ -21,8 +21,11 @@ first compiled step), given in every format: nothing of autotune is needed to ap
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.core.plans import Backend, Plan, parse_plan
@@ -119,25 +122,97 @@ def _header(answer: BestAnswer, framework: str) -> str:
     )
 
 
+def hf_vocabulary() -> tuple[str, frozenset[str]]:
+    """The checkpointing switch the installed transformers names, and which of Hugging Face's placement and
+    offload its kwargs take (``activation_checkpointing_kwargs={"every_n_layers": k, "offload": True}``):
+    transformers 5.24 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name a
+    deprecated alias until v6) and added both. Read from its files, never imported (``best`` imports no
+    torch); without transformers here, the old name, which every 5.x version takes."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        return "gradient_checkpointing", frozenset()
+    package = Path(spec.origin).parent
+    try:
+        arguments = (package / "training_args.py").read_text(encoding="utf-8")
+        modeling = (package / "modeling_utils.py").read_text(encoding="utf-8")
+    except OSError:
+        return "gradient_checkpointing", frozenset()
+    if "activation_checkpointing_kwargs" not in arguments:
+        return "gradient_checkpointing", frozenset()
+    enable = re.search(r"def activation_checkpointing_enable\(([^)]*)\)", modeling)
+    words = enable[1] if enable else ""
+    return "activation_checkpointing", frozenset(k for k in ("every_n_layers", "offload") if k in words)
+
+
+def every_n_layers(answer: BestAnswer) -> tuple[int, bool] | None:
+    """The plan as Hugging Face's own placement, where it is one: a ratio 1/k of the outermost repeated
+    class (with offload or not), whose chosen layers (autotune.core.plans.ModuleRule.chosen) are exactly
+    those Hugging Face's ``every_n_layers=k`` checkpoints (``layer_index % k == 0``); None otherwise."""
+    if answer.backend is not Backend.TORCH:
+        return None
+    plan = parse_plan(answer.plan)
+    if plan.ranks or len(plan.rules) != 1 or plan.compile_budget is not None or plan.own_off:
+        return None
+    rule = plan.rules[0]
+    layers = answer.layers.get(rule.cls)
+    if rule.ops or not layers or not answer.outermost or rule.cls not in answer.outermost:
+        return None
+    chosen = rule.chosen(layers)
+    k = layers // len(chosen)
+    return (k, rule.offload) if chosen == list(range(0, layers, k)) else None
+
+
 def hugging_face(answer: BestAnswer) -> str:
+    name, taken = hf_vocabulary()
     block = every_block(answer)
+    every, kwargs = _hf_placement(answer, taken)
     fields: list[tuple[str, str]] = [("per_device_train_batch_size", str(answer.batch_size))]
     if answer.grad_accum:
         fields.append(("gradient_accumulation_steps", str(answer.grad_accum)))
     none = _no_plan(answer)
     plan = parse_plan(answer.plan) if answer.backend is Backend.TORCH else Plan.none()
     own = (answer.own_checkpointing or "").startswith("gradient_checkpointing")
-    fields.append(("gradient_checkpointing", "True" if block or (own and not plan.own_off) else "False"))
-    lines = [_header(answer, "Hugging Face TrainingArguments"), *(f"{k}={v}" for k, v in fields)]
-    flags = " ".join(f"--{k} {v.lower() if v in ('True', 'False') else v}" for k, v in fields)
+    fields.append((name, "True" if block or every or (own and not plan.own_off) else "False"))
+    if kwargs:
+        fields.append((f"{name}_kwargs", json.dumps(kwargs)))
+    lines = [_header(answer, "Hugging Face TrainingArguments"), *(f"{k}={_python(v)}" for k, v in fields)]
+    flags = " ".join(f"--{k} {_flag(v)}" for k, v in fields)
     lines.append(f"# as command-line flags: {flags}")
     lines += _own_lines(answer)
-    whole = own and plan == Plan(own_off=True)  # gradient_checkpointing=False is the whole plan
-    if block and not none:
-        lines.append(f"# gradient_checkpointing recomputes every {block}: the plan {answer.plan}")
+    whole = own and plan == Plan(own_off=True)  # checkpointing off is the whole plan
+    if every and not none:
+        lines.append(f"# {name} with {json.dumps(kwargs)} checkpoints the layers the plan {answer.plan} does")
+    elif block and not none:
+        lines.append(f"# {name} recomputes every {block}: the plan {answer.plan}")
     elif not none and not whole:
         lines += _plan_lines(answer, "after the model is built, before the Trainer")
     return "\n".join(lines)
+
+
+def _hf_placement(answer: BestAnswer, taken: frozenset[str]) -> tuple[bool, dict[str, object]]:
+    """Whether Hugging Face's own placement says the plan beyond its switch, and the kwargs that say it
+    (none for every layer, which the switch alone says; nothing where this transformers takes no such
+    kwargs: autotune.prepare applies the plan then)."""
+    every = every_n_layers(answer)
+    if every is None or every == (1, False):
+        return False, {}
+    kwargs: dict[str, object] = {
+        **({"every_n_layers": every[0]} if every[0] > 1 else {}),
+        **({"offload": True} if every[1] else {}),
+    }
+    return (True, kwargs) if set(kwargs) <= taken else (False, {})
+
+
+def _python(value: str) -> str:
+    """A field's value as Python source: a JSON object of kwargs becomes a dict (true -> True)."""
+    return value.replace("true", "True") if value.startswith("{") else value
+
+
+def _flag(value: str) -> str:
+    """A field's value on a command line: booleans in lower case, a JSON object quoted for the shell."""
+    if value in ("True", "False"):
+        return value.lower()
+    return shlex.quote(value) if value.startswith("{") else value
 
 
 def lightning(answer: BestAnswer) -> str:

@@ -76,7 +76,7 @@ def test_without_a_plan_the_backward_takes_twice_the_forward() -> None:
 def test_each_plan_adds_the_forward_flops_of_what_it_recomputes() -> None:
     blocks, last_matmuls = module_flops(""), module_flops(".mlp.proj")
     assert added("Block:1") == blocks - last_matmuls  # up to the last tensor its backward needs
-    assert added("Block:0.5") == (blocks - last_matmuls) // 2  # the first half of the blocks
+    assert added("Block:0.5") == (blocks - last_matmuls) // 2  # every other block
     assert added("Block:0.25") == (blocks - last_matmuls) // 4
     assert added("MLP:1") == module_flops(".mlp") - last_matmuls
     assert added("CausalSelfAttention:1") == module_flops(".attn") - module_flops(".attn.proj")

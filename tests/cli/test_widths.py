@@ -15,6 +15,7 @@ from autotune.cli import cli
 from autotune.cli.console import trial_line
 from autotune.cli.fit import PlanNames
 from autotune.core.protocol import Outcome
+from autotune.results import formats
 from autotune.results.best import BestAnswer
 from autotune.results.formats import render
 from autotune.search.records import TrialKind, TrialRecord
@@ -124,7 +125,20 @@ def answer(plan: str, **extra) -> BestAnswer:
     )
 
 
-def test_best_in_hugging_face_words() -> None:
+@pytest.fixture
+def transformers_before_5_24(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vocabulary of a transformers before 5.24 (gradient_checkpointing, no placement kwargs), whatever
+    this machine has installed (tests/compat/test_hf_vocabulary.py checks the installed one)."""
+    monkeypatch.setattr(formats, "hf_vocabulary", lambda: ("gradient_checkpointing", frozenset()))
+
+
+@pytest.fixture
+def transformers_5_24(monkeypatch: pytest.MonkeyPatch) -> None:
+    words = frozenset({"every_n_layers", "offload"})
+    monkeypatch.setattr(formats, "hf_vocabulary", lambda: ("activation_checkpointing", words))
+
+
+def test_best_in_hugging_face_words(transformers_before_5_24: None) -> None:
     every = answer("GPT2Block:1", grad_accum=4, outermost=("GPT2Block",))
     assert render(every, "hf").splitlines()[1:] == [
         "per_device_train_batch_size=8",
@@ -147,7 +161,42 @@ def test_best_in_hugging_face_words() -> None:
     assert "gradient_checkpointing=False" in render(answer("MLP:1", outermost=("GPT2Block",)), "hf")
 
 
-def test_a_compile_plan_is_given_as_torch_s_own_setting_in_every_format() -> None:
+def test_best_in_the_words_of_transformers_5_24_placement_and_offload_included(
+    transformers_5_24: None,
+) -> None:
+    """Issue 29: transformers 5.24 names the switch activation_checkpointing and takes every_n_layers and
+    offload; a ratio 1/k of the outermost class is its every_n_layers=k (the same layers: ModuleRule.chosen)."""
+    layers = {"GPT2Block": 24}
+
+    def hf(plan: str) -> list[str]:
+        return render(answer(plan, outermost=("GPT2Block",), layers=layers), "hf").splitlines()[1:]
+
+    assert hf("GPT2Block:1")[1] == "activation_checkpointing=True"
+    assert hf("GPT2Block:0.5") == [
+        "per_device_train_batch_size=8",
+        "activation_checkpointing=True",
+        'activation_checkpointing_kwargs={"every_n_layers": 2}',
+        "# as command-line flags: --per_device_train_batch_size 8 --activation_checkpointing true "
+        """--activation_checkpointing_kwargs '{"every_n_layers": 2}'""",
+        '# activation_checkpointing with {"every_n_layers": 2} checkpoints the layers the plan GPT2Block:0.5 does',
+    ]
+    assert hf("GPT2Block:0.25/offload")[1:3] == [
+        "activation_checkpointing=True",
+        'activation_checkpointing_kwargs={"every_n_layers": 4, "offload": True}',
+    ]
+    assert hf("GPT2Block:1/offload")[2] == 'activation_checkpointing_kwargs={"offload": True}'
+    three_quarters = hf("GPT2Block:0.75")  # 18 of 24 layers: no every_n_layers says it
+    assert (
+        three_quarters[1] == "activation_checkpointing=False"
+        and "#   model = autotune.prepare(model)" in three_quarters
+    )
+    assert hf("GPT2Block:0.5/save=matmul")[1] == "activation_checkpointing=False"  # an operator policy
+    assert hf("MLP:1")[1] == "activation_checkpointing=False"  # not the layers HF counts
+
+
+def test_a_compile_plan_is_given_as_torch_s_own_setting_in_every_format(
+    transformers_before_5_24: None,
+) -> None:
     setting = "torch._functorch.config.activation_memory_budget = 0.3"
     budget = answer("compile:0.3", outermost=("GPT2Block",))
     assert render(budget, "env").splitlines() == [

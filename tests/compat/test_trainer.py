@@ -66,7 +66,7 @@ def test_a_trainer_that_ignores_the_asked_accumulation_fails_saying_so() -> None
 def test_a_trainer_s_own_gradient_checkpointing_is_said_and_kept_in_the_answer(tmp_path: Path) -> None:
     """The user's gradient_checkpointing=True (the Trainer calls gradient_checkpointing_enable()): the trial
     and the answer say so, and best --format hf keeps it on (it printed gradient_checkpointing=False)."""
-    from autotune.results.formats import render
+    from autotune.results.formats import hf_vocabulary, render
     from autotune.search.spec import tune_spec
 
     command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
@@ -84,7 +84,7 @@ def test_a_trainer_s_own_gradient_checkpointing_is_said_and_kept_in_the_answer(t
     assert (
         answer.own_checkpointing == "gradient_checkpointing_enable() on the model"
     )  # the probe's, uncounted
-    assert "gradient_checkpointing=True" in render(answer, "hf").splitlines()
+    assert f"{hf_vocabulary()[0]}=True" in render(answer, "hf").splitlines()  # in the installed one's words
 
 
 def test_a_trainer_with_its_own_gradient_checkpointing_is_offered_turning_it_off(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_trainer_with_its_own_gradient_checkpointing_is_offered_turning_it_off
     a trial of it runs the layers plainly, and its answer is gradient_checkpointing=False."""
     from autotune.backends.probe import default_plans
     from autotune.results.best import BestAnswer
-    from autotune.results.formats import render
+    from autotune.results.formats import hf_vocabulary, render
 
     command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
     command.append("--gradient_checkpointing")
@@ -115,4 +115,4 @@ def test_a_trainer_with_its_own_gradient_checkpointing_is_offered_turning_it_off
         "s", TRAINER, 2, "own:off", off.peak_bytes, 10.0, 2**32, True, "verified",
         own_checkpointing=probed.probe.own_checkpointing,
     )  # fmt: skip
-    assert "gradient_checkpointing=False" in render(answer, "hf").splitlines()
+    assert f"{hf_vocabulary()[0]}=False" in render(answer, "hf").splitlines()

@@ -116,3 +116,14 @@ def test_own_off_turns_the_script_s_own_checkpointing_off_and_recomputes_less_th
     for bad in ("own:on", "own", "own:off,own:off"):
         with pytest.raises(InputError, match="expected own:off once"):
             parse_plan(bad)
+
+
+def test_a_ratio_checkpoints_its_share_of_the_instances_spread_as_hugging_face_s_every_n_layers() -> None:
+    """Issue 29: Hugging Face checkpoints every k-th layer (``layer_index % k == 0``); a ratio 1/k picks the
+    same layers, so its every_n_layers expresses the plan exactly."""
+    assert ModuleRule("Block", 0.5).chosen(24) == list(range(0, 24, 2))
+    assert ModuleRule("Block", 0.25).chosen(24) == list(range(0, 24, 4))
+    assert ModuleRule("Block", 0.75).chosen(4) == [0, 1, 2]
+    assert ModuleRule("Block", 1.0).chosen(5) == [0, 1, 2, 3, 4]
+    assert ModuleRule("Block", 0.1).chosen(4) == [0]  # at least one
+    assert ModuleRule("Block", 0.5).chosen(5) == [0, 1, 3]  # round(2.5) = 3 of 5, spread
