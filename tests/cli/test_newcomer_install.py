@@ -38,6 +38,15 @@ def test_dir_lists_the_lazily_loaded_api_without_loading_it() -> None:
     in_a_fresh_interpreter(code, not_imported=("torch", "optuna"))
 
 
+def test_help_documents_the_lazily_loaded_api() -> None:
+    code = (
+        "import autotune, pydoc\ntext = pydoc.render_doc(autotune, renderer=pydoc.plaintext)\n"
+        "missing = [n for n in ('tune(', 'tune_spec(', 'best(', 'measure(', 'batch_size(', 'prepare(') if n not in text]\n"
+        "assert not missing, missing\n"
+    )
+    in_a_fresh_interpreter(code)
+
+
 def test_studies_json_lists_each_study(tmp_path: Path) -> None:
     argv = [AUTOTUNE, "run", "--json", "--device", "cpu", "--budget", "200MiB", "--batch-sizes", "4,8",
             "--plans", "none", "--exhaustive", "--steps", "2", "--warmup-steps", "1", "--cache-dir",
