@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from autotune.core.environment import seconds
 from autotune.core.errors import StorageError
 
 T = TypeVar("T")
@@ -111,11 +112,7 @@ def read_only_url(path: Path) -> URL:
 
 def busy_timeout() -> float:
     """Seconds SQLite waits for a lock: BUSY_TIMEOUT_SECONDS, or AUTOTUNE_BUSY_TIMEOUT."""
-    text = os.environ.get("AUTOTUNE_BUSY_TIMEOUT", "")
-    try:
-        return float(text) if text and float(text) > 0 else BUSY_TIMEOUT_SECONDS
-    except ValueError:
-        raise StorageError(f"AUTOTUNE_BUSY_TIMEOUT must be a number of seconds, got {text!r}") from None
+    return seconds("AUTOTUNE_BUSY_TIMEOUT", BUSY_TIMEOUT_SECONDS)
 
 
 CONNECT_TIMEOUT_SECONDS = 10
@@ -133,11 +130,7 @@ DRIVER_HINTS = {
 def connect_timeout() -> int:
     """Seconds to wait for a database server to answer a new connection: CONNECT_TIMEOUT_SECONDS, or
     AUTOTUNE_CONNECT_TIMEOUT."""
-    text = os.environ.get("AUTOTUNE_CONNECT_TIMEOUT", "")
-    try:
-        return max(1, round(float(text))) if text and float(text) > 0 else CONNECT_TIMEOUT_SECONDS
-    except ValueError:
-        raise StorageError(f"AUTOTUNE_CONNECT_TIMEOUT must be a number of seconds, got {text!r}") from None
+    return max(1, round(seconds("AUTOTUNE_CONNECT_TIMEOUT", CONNECT_TIMEOUT_SECONDS)))
 
 
 def engine_kwargs(url: URL) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import InputError, StorageError
 from autotune.storage import database, schema
 from autotune.storage.base import Tables, first_line
 from autotune.storage.database import retried
@@ -85,11 +85,16 @@ def open_store(url: str, *, answering: bool = False) -> Store:
     Raises:
         StorageError: a bad URL, an unreadable or corrupt file, or an incompatible schema; one line
             that names the database (a SQLite file by its path, other URLs with the password hidden).
+        InputError: ``answering`` from a SQLite file that does not exist (nothing is created).
     """
     parsed = database.parse_url(url)
     display = database.redact(parsed)
     path = database.sqlite_path(parsed)
     name = str(path) if path is not None else display
+    if answering and path is not None and not path.exists():  # answers create nothing (issue 27)
+        raise InputError(
+            f"no autotune database at {path}: nothing was tuned there yet (autotune run creates it)"
+        )
     with _one_line_errors(name, parsed.get_backend_name()):
         if answering and path is not None and database.read_only(path):
             return _read_only_store(path, display, name)

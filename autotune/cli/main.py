@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from autotune.core.environment import check_environment
 from autotune.core.errors import AutotuneError
 from autotune.trials.interrupts import TrialInterrupted
 
@@ -14,11 +15,21 @@ EXIT_INTERRUPTED = 130
 
 
 class _Group(click.Group):
-    """Maps AutotuneError to one line on stderr and its exit code; Ctrl-C to exit code 130."""
+    """Maps AutotuneError to one line on stderr and its exit code; a usage error (a bad option value, an
+    unknown option or command) to one line and exit 2, instead of Click's usage block; Ctrl-C to 130."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            _usage_error(e)
+            raise AssertionError("unreachable") from e
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            _usage_error(e)
         except AutotuneError as e:
             if ctx.params.get("debug"):
                 raise
@@ -37,6 +48,18 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
 def cli(debug: bool) -> None:
     """autotune: the fastest batch size and recompute plan that fit a memory budget, measured."""
+    check_environment()  # a bad AUTOTUNE_* value: one line, before anything runs
+
+
+def _usage_error(error: click.UsageError) -> None:
+    """One line: what was wrong and where the command's help is (exit 2, as Click's own). A command given
+    no arguments at all shows its help, as Click does."""
+    if type(error).__name__ == "NoArgsIsHelpError":  # Click 8.2+: a UsageError that carries the help
+        click.echo(error.format_message())
+        raise SystemExit(0)
+    command = error.ctx.command_path if error.ctx is not None else "autotune"
+    click.echo(f"Error: {error.format_message()} (see {command} --help)", err=True)
+    raise SystemExit(2)
 
 
 def quiet_optuna() -> None:

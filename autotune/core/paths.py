@@ -17,14 +17,16 @@ from autotune.core.errors import InputError
 _counter = itertools.count()
 
 
-def cache_dir(override: str | Path | None = None) -> Path:
+def cache_dir(override: str | Path | None = None, *, create: bool = True) -> Path:
     """``override`` (``--cache-dir`` / ``AUTOTUNE_CACHE_DIR``), else the platform's user cache dir; created
-    if missing.
+    if missing (unless ``create`` is False: the commands that only answer create nothing).
 
     Raises:
         InputError: it is a file, or cannot be created.
     """
     path = Path(override) if override else Path(platformdirs.user_cache_dir("autotune", appauthor=False))
+    if not create:
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import time
 
+from autotune.core.environment import seconds
 from autotune.leases.identity import WorkerState, host_name, worker_state
 from autotune.storage import Lease
 
@@ -14,11 +14,7 @@ HEARTBEAT_SECONDS = 10.0  # how often workers beat at most (the grace period spa
 
 def grace_seconds() -> float:
     """How long a lease's beats may stop before its worker is taken for dead (AUTOTUNE_HEARTBEAT_GRACE)."""
-    text = os.environ.get("AUTOTUNE_HEARTBEAT_GRACE", "")
-    try:
-        return float(text) if text and float(text) > 0 else DEFAULT_GRACE_SECONDS
-    except ValueError:
-        return DEFAULT_GRACE_SECONDS
+    return seconds("AUTOTUNE_HEARTBEAT_GRACE", DEFAULT_GRACE_SECONDS)
 
 
 def heartbeat_seconds() -> float:

@@ -81,7 +81,7 @@ class BestAnswer:
 
 def open_default(storage: str | None, cache: Path | None) -> Store:
     """The database answers are read from (opened for answering: no creation lock, Optuna only if needed)."""
-    return open_store(storage or default_storage_url(cache_dir(cache)), answering=True)
+    return open_store(storage or default_storage_url(cache_dir(cache, create=False)), answering=True)
 
 
 def best(

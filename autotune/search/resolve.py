@@ -14,7 +14,7 @@ from autotune.backends.probe import check_plans, forward_share, saving_per_sampl
 from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
-from autotune.core.plans import offloads
+from autotune.core.plans import Backend, offloads
 from autotune.hardware.devices import Device, resolve_trial_device
 from autotune.hardware.host import host_budget_of
 from autotune.hardware.meters import make_meter
@@ -125,6 +125,14 @@ def resolve(
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial
     probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
     check_plans(spec.plans, probe)  # before any measured trial
+    named = [p for p in spec.plans or () if p != "none"]
+    if probe is None and spec.backend is Backend.TORCH and named:
+        # nothing autotune can check or apply them to: the script reads AUTOTUNE_PLAN itself, or not
+        reporter.note(
+            f"the probe saw the script train no torch module: plans {', '.join(named)} reach it only as "
+            "AUTOTUNE_PLAN, which autotune can neither check nor apply (a script that reads it applies them "
+            "itself)"
+        )
     probe = check_named_plans(store, workload, spec, runner, reporter, probe)
     space = build_space(
         spec.batch_sizes,

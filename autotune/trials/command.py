@@ -44,7 +44,8 @@ class TrialCommand:
         """``[script.py, args...]`` or a command template.
 
         Raises:
-            InputError: no command, a missing script, or a ``python -c`` template.
+            InputError: no command, a missing script or one Python cannot compile, a placeholder other than
+                ``{batch_size}`` and ``{grad_accum}`` or one left unclosed, or a ``python -c`` template.
         """
         if not words:
             raise InputError(
@@ -56,10 +57,14 @@ class TrialCommand:
         if words[0].endswith(".py"):
             if not Path(words[0]).is_file():
                 raise InputError(f"script not found: {words[0]}")
+            _check_syntax(words[0])
             return cls(words, is_template=False)
         _check_program(words[0])
+        _check_placeholders(words)
         command = cls(words, is_template=True)
         command.argv(1)  # validates the template once, here
+        if (script := command.script_path()) is not None and _runs_our_python(words[0]):
+            _check_syntax(script)  # another Python may take syntax this one does not: its trial will say
         return command
 
     def argv(self, batch_size: int, grad_accum: int | None = None) -> list[str]:
@@ -165,6 +170,50 @@ def _check_program(program: str) -> None:
         raise InputError(f"{program}: command not found on the PATH")
 
 
+def _runs_our_python(program: str) -> bool:
+    """The template runs this Python: it, or a launcher (torchrun) installed beside it."""
+    found = shutil.which(program)
+    if found is None:
+        return False
+    ours = os.path.realpath(sys.executable)
+    return os.path.realpath(found) == ours or os.path.dirname(os.path.abspath(found)) == os.path.dirname(
+        os.path.abspath(sys.executable)
+    )
+
+
 def _same_interpreter(program: str) -> bool:
     found = shutil.which(program)
     return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+_NAMED = re.compile(r"\{([A-Za-z_]\w*)\}")  # {name}: a placeholder (JSON such as {"a": 1} is not one)
+_UNCLOSED = re.compile(r"\{(batch_size|grad_accum)\b(?!\})")
+
+
+def _check_placeholders(words: Sequence[str]) -> None:
+    """Every ``{name}`` of a template is one autotune fills, and none is left open (a typo there would
+    only show as a script that ignores the batch size, trial after trial)."""
+    known = {PLACEHOLDER.strip("{}"), ACCUM_PLACEHOLDER.strip("{}")}
+    for word in words:
+        for name in _NAMED.findall(word):
+            if name not in known:
+                raise InputError(
+                    f"unknown placeholder {{{name}}} in the command ({word!r}): autotune fills {PLACEHOLDER} "
+                    f"and {ACCUM_PLACEHOLDER}"
+                )
+        if (open_ := _UNCLOSED.search(word)) is not None:
+            raise InputError(
+                f"unclosed placeholder {{{open_[1]} in the command ({word!r}): write {{{open_[1]}}}"
+            )
+
+
+def _check_syntax(script: str) -> None:
+    """The script compiles: a syntax error is one line before any trial (each trial would fail on it)."""
+    try:
+        source = Path(script).read_bytes()
+        compile(source, script, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        where = f"{error.filename or script}:{error.lineno}" if error.lineno else script
+        raise InputError(f"{where}: the script does not compile: {error.msg}") from None
+    except (OSError, ValueError) as error:
+        raise InputError(f"cannot read the script {script}: {error}") from None
