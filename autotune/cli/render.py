@@ -19,6 +19,7 @@ from autotune.cli.fit import PlanNames, plan_width
 from autotune.cli.render_trial import own_text
 from autotune.cli.tables import checks_table, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
+from autotune.core.paths import location_words
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.results.listing import not_run_line
@@ -72,14 +73,17 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
         ),
         markup=False,
     )
-    hint = best_command(command, budget, result.global_batch, result.max_seq_len)
+    where = location_words(result.storage)  # --cache-dir / --storage, where the database is not the default
+    hint = best_command(command, budget, result.global_batch, result.max_seq_len, where)
     exe = autotune_executable()
-    formats = shlex.join([*exe, "best", "--study", result.study_name, "--format", "hf"])
+    formats = shlex.join([*exe, "best", "--study", result.study_name, *where, "--format", "hf"])
     # commands to paste: never broken by the console (a break inside a word or a quoted path would not
     # paste back); the terminal folds them where they do not fit
     out.print(f'\nuse it:  eval "$({hint})"', markup=False, soft_wrap=True)
     out.print(f"         {formats}  # or lightning, torchrun", markup=False, soft_wrap=True)
-    out.print(f"see it:  {shlex.join([*exe, 'report', result.study_name])}", markup=False, soft_wrap=True)
+    out.print(
+        f"see it:  {shlex.join([*exe, 'report', result.study_name, *where])}", markup=False, soft_wrap=True
+    )
 
 
 def _over_limit_text(result: TuneResult) -> str:
@@ -161,10 +165,15 @@ def autotune_executable() -> list[str]:
 
 
 def best_command(
-    command: Sequence[str], budget: str, global_batch: int | None = None, max_seq_len: int | None = None
+    command: Sequence[str],
+    budget: str,
+    global_batch: int | None = None,
+    max_seq_len: int | None = None,
+    where: Sequence[str] = (),
 ) -> str:
-    """The `autotune best ... --env` line for a run's command (options before the script's own `--`)."""
-    words = [*autotune_executable(), "best", "--budget", budget, "--env"]
+    """The `autotune best ... --env` line for a run's command (options before the script's own `--`;
+    ``where``: the database's options, autotune.core.paths.location_words)."""
+    words = [*autotune_executable(), "best", "--budget", budget, *where, "--env"]
     if global_batch is not None:
         words += ["--global-batch", str(global_batch)]
     if max_seq_len is not None:

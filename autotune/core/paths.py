@@ -43,6 +43,21 @@ def default_storage_url(root: Path) -> str:
     return f"sqlite:///{root / 'autotune.db'}"
 
 
+def location_words(display_url: str) -> list[str]:
+    """The options a command printed for the user to paste needs to find this database (issue 27: hints
+    without them failed for any other location): none for the default, ``--cache-dir DIR`` for another
+    cache dir's database, else ``--storage URL`` (as displayed: a password stays hidden, to be filled in;
+    AUTOTUNE_STORAGE, if that is where it came from, still gives it)."""
+    if display_url == default_storage_url(cache_dir(create=False)):
+        return []
+    prefix = "sqlite:///"
+    if display_url.startswith(prefix) and display_url.endswith("/autotune.db"):
+        return ["--cache-dir", display_url[len(prefix) : -len("/autotune.db")]]
+    if os.environ.get("AUTOTUNE_STORAGE"):
+        return []  # the environment holds the URL, password included
+    return ["--storage", display_url]
+
+
 COMPILE_CACHE_ENV = (
     "TORCHINDUCTOR_CACHE_DIR",
     "TRITON_CACHE_DIR",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.errors import AutotuneError
+from autotune.core.paths import location_words
 from autotune.results.figures import plotted_text
 from autotune.results.listing import FLAG_MEANING, not_run_line
 from autotune.search.records import TrialKind, TrialRecord
@@ -86,7 +87,10 @@ def write_report(store: Store, name: str, out: Path, png: Path | None = None) ->
     import optuna
 
     extra = figures.optuna_figures(optuna.load_study(study_name=name, storage=store.optuna))
-    page = _page(report, answer, figures.svg(pareto, "pareto"), [(t, figures.svg(f, t)) for t, f in extra])
+    blocks = _answer_blocks(answer, location_words(store.display_url))
+    page = _page(
+        report, answer, figures.svg(pareto, "pareto"), [(t, figures.svg(f, t)) for t, f in extra], blocks
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     if png is not None:
@@ -139,7 +143,9 @@ def _phases_html(records: list[TrialRecord]) -> str:
     )
 
 
-def _page(report: StudyReport, answer: BestAnswer | None, pareto: str, extra: list[tuple[str, str]]) -> str:
+def _page(
+    report: StudyReport, answer: BestAnswer | None, pareto: str, extra: list[tuple[str, str]], blocks: str
+) -> str:
     row = report.row
     e = html.escape
     parts = [
@@ -161,7 +167,7 @@ def _page(report: StudyReport, answer: BestAnswer | None, pareto: str, extra: li
         "peak. The star is the verified winner; the grey steps, the fastest that fits at each peak.</p>",
         f'<figure id="pareto">{pareto}<figcaption>{e(plotted_text(report.records, report.limit_bytes))}.'
         "</figcaption></figure>",
-        _answer_blocks(answer),
+        blocks,
         "<h2>Trials</h2>",
         _trials_html(report.records, report.limit_bytes),
         _phases_html(report.records),
@@ -190,14 +196,15 @@ def _answer_head(answer: BestAnswer | None) -> str:
     )
 
 
-def _answer_blocks(answer: BestAnswer | None) -> str:
-    """The answer in each framework's words, with the command that prints it."""
+def _answer_blocks(answer: BestAnswer | None, where: list[str]) -> str:
+    """The answer in each framework's words, with the command that prints it (``where``: the database's
+    options where it is not the default)."""
     from autotune.results.formats import render
 
     if answer is None:
         return ""
     e = html.escape
-    study = shlex.join(["--study", answer.study])  # quoted as the terminal's hints are: safe to paste
+    study = shlex.join(["--study", answer.study, *where])  # quoted as the terminal's hints are: safe to paste
     blocks = [
         (
             "Your own command, filled in",

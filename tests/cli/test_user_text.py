@@ -51,8 +51,38 @@ def test_the_report_s_commands_are_shell_quoted_as_the_terminal_s_are() -> None:
 
     name = "demo;touch pwned;true"
     answer = BestAnswer(name, "train.py", 8, "none", 2**20, 10.0, 2**30, True, "test")
-    commands = [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", _answer_blocks(answer))]
+    commands = [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", _answer_blocks(answer, []))]
     assert len(commands) == 4
     for command in commands:
         words = shlex.split(command.removeprefix('eval "$(').removesuffix(')"'))
         assert words[words.index("--study") + 1] == name, command
+
+
+def test_the_hints_carry_a_cache_dir_that_is_not_the_default_and_work_as_printed(tmp_path: Path) -> None:
+    """Issue 27, item 4: the printed "use it" and "see it" commands dropped --cache-dir, so they failed for a
+    database anywhere but the default. Each hint of a run in a cache dir with a space, pasted, answers."""
+    import shlex
+
+    cache = tmp_path / "my cache"
+    done = subprocess.run(
+        [AUTOTUNE, "run", "--device", "cpu", "--budget", "300MiB", "--trials", "2", "--cache-dir", str(cache),
+         str(SYNTHETIC), "--", "--step-seconds", "0.01"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    hints = [line.split(":  ", 1)[1].strip() for line in lines if line.startswith(("use it:", "see it:"))]
+    hints += [line.strip() for line in lines if line.startswith(" " * 9) and " best --study " in line]
+    assert len(hints) == 3, done.stdout
+    use, see, formats = hints
+    commands = [
+        shlex.split(use.removeprefix('eval "$(').removesuffix(')"')),
+        shlex.split(see),
+        shlex.split(formats.split("  #")[0]),
+    ]
+    for words in commands:
+        assert words[words.index("--cache-dir") + 1] == str(cache), words
+        if words[1] == "report":
+            words += ["-o", str(tmp_path / "r.html")]
+        pasted = subprocess.run(words, capture_output=True, text=True, timeout=120)
+        assert pasted.returncode == 0, (words, pasted.stderr)
