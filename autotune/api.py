@@ -147,7 +147,9 @@ def best(
     from autotune.trials.command import TrialCommand
 
     parsed = parse_budget(budget) if budget is not None else None
-    store = answers.open_default(storage, cache_dir)  # imports Optuna only if it must read trials
+    store = answers.open_default(
+        storage, cache_dir, must_exist=True
+    )  # imports Optuna only if it reads trials
     return answers.best(
         store,
         TrialCommand.parse(command) if command else None,

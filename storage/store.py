@@ -74,7 +74,7 @@ def _retry_every_method(cls: type[Store]) -> None:
 _retry_every_method(Store)
 
 
-def open_store(url: str, *, answering: bool = False) -> Store:
+def open_store(url: str, *, answering: bool = False, must_exist: bool = False) -> Store:
     """Open (creating or migrating if needed) the database at SQLAlchemy ``url``.
 
     ``answering``: for the commands that only answer from the database (best, studies, show). A database
@@ -85,13 +85,13 @@ def open_store(url: str, *, answering: bool = False) -> Store:
     Raises:
         StorageError: a bad URL, an unreadable or corrupt file, or an incompatible schema; one line
             that names the database (a SQLite file by its path, other URLs with the password hidden).
-        InputError: ``answering`` from a SQLite file that does not exist (nothing is created).
+        InputError: ``must_exist`` and the SQLite file does not exist (nothing is created).
     """
     parsed = database.parse_url(url)
     display = database.redact(parsed)
     path = database.sqlite_path(parsed)
     name = str(path) if path is not None else display
-    if answering and path is not None and not path.exists():  # answers create nothing (issue 27)
+    if must_exist and path is not None and not path.exists():  # `best` creates nothing (issue 27)
         raise InputError(
             f"no autotune database at {path}: nothing was tuned there yet (autotune run creates it)"
         )

@@ -79,9 +79,15 @@ class BestAnswer:
         return {**asdict(self), "backend": self.backend.value, "env": self.env()}
 
 
-def open_default(storage: str | None, cache: Path | None) -> Store:
-    """The database answers are read from (opened for answering: no creation lock, Optuna only if needed)."""
-    return open_store(storage or default_storage_url(cache_dir(cache, create=False)), answering=True)
+def open_default(storage: str | None, cache: Path | None, *, must_exist: bool = False) -> Store:
+    """The database answers are read from (opened for answering: no creation lock, Optuna only if needed).
+    ``must_exist``: a SQLite database that is not there is an error and nothing is created (``best``: issue
+    27); ``studies`` and ``show`` create (or upgrade) it, as they always did."""
+    if must_exist:
+        return open_store(
+            storage or default_storage_url(cache_dir(cache, create=False)), answering=True, must_exist=True
+        )
+    return open_store(storage or default_storage_url(cache_dir(cache)), answering=True)
 
 
 def best(

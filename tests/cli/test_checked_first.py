@@ -98,7 +98,7 @@ def test_a_usage_error_is_one_line(tmp_path: Path, argv: list[str], message: str
 
 def test_best_on_a_cache_dir_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
-    for argv in (["best"], ["studies"], ["show", "x"]):
+    for argv in (["best"], ["best", "--study", "x"], ["best", "--budget", "1GiB", str(SYNTHETIC)]):
         line = refused(tmp_path, *argv, "--cache-dir", str(missing))
         assert (
             line == f"Error: no autotune database at {missing / 'autotune.db'}: nothing was tuned there yet "
