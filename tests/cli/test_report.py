@@ -109,7 +109,8 @@ def test_the_report_renders_its_plot_in_a_headless_browser(study, tmp_path) -> N
         "Optuna: optimization history",
     ):
         assert f">{section}<" in page, section
-    assert f"autotune best --study {name} --format hf" in page
+    # the commands carry the cache dir: the study is not in the default database (issue 27)
+    assert f"autotune best --study {name} --cache-dir {cache} --format hf" in page
 
 
 def test_a_report_without_a_study_is_one_line(tmp_path) -> None:
