@@ -78,7 +78,7 @@ def test_a_torch_plan_round_trips_and_keeps_the_loss_and_gradients(kind: str) ->
     assert all(torch.equal(a, b) for a, b in zip(grads, reference[1], strict=True))
 
 
-@pytest.mark.slow
+@pytest.mark.compat  # a real probe of the example: kept out of the core suite's time
 @pytest.mark.parametrize("kind", ["module", "operator", "offload"])
 def test_the_probe_predicts_a_saving_or_refuses_the_plan(kind: str, gpt_probe) -> None:  # noqa: F811
     """(The probe's rows are whole classes; a ratio saves its share of its class's. examples/gpt.py does not

@@ -83,7 +83,7 @@ def test_each_plan_adds_the_forward_flops_of_what_it_recomputes() -> None:
     assert added("Block:1/save=matmul") == 0  # every counted op of the example is a matmul: all saved
 
 
-@pytest.mark.slow
+@pytest.mark.compat  # a real probe of the example: kept out of the core suite's time
 def test_the_probe_s_forward_shares_against_the_counted_flops(gpt_probe) -> None:  # noqa: F811
     shares = {row["plan"]: row["forward_share"] for row in gpt_probe["candidates"]}
     counted = {plan: added(plan) / NONE[0] for plan in ("Block:1", "MLP:1", "CausalSelfAttention:1")}
