@@ -70,7 +70,7 @@ def _tune(
     if spec.force:
         job.store.forget_study(name)
     elif (cached := job.store.best(name)) is not None:
-        reporter.note(f"answered from {job.store.display_url} (study {name}): zero trials; --force re-tunes")
+        reporter.note(f"zero trials: answered from {job.store.display_url} (study {name}); --force re-tunes")
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, stopped=None, cached=True)
     study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
