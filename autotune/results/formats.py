@@ -165,13 +165,14 @@ def every_n_layers(answer: BestAnswer) -> tuple[int, bool] | None:
 def hugging_face(answer: BestAnswer) -> str:
     name, taken = hf_vocabulary()
     block = every_block(answer)
-    every, kwargs = _hf_placement(answer, taken)
+    own = (answer.own_checkpointing or "").startswith("gradient_checkpointing")
+    # where the script checkpoints every layer itself, every trial measured that: no placement replaces it
+    every, kwargs = _hf_placement(answer, taken) if not own else (False, {})
     fields: list[tuple[str, str]] = [("per_device_train_batch_size", str(answer.batch_size))]
     if answer.grad_accum:
         fields.append(("gradient_accumulation_steps", str(answer.grad_accum)))
     none = _no_plan(answer)
     plan = parse_plan(answer.plan) if answer.backend is Backend.TORCH else Plan.none()
-    own = (answer.own_checkpointing or "").startswith("gradient_checkpointing")
     fields.append((name, "True" if block or every or (own and not plan.own_off) else "False"))
     if kwargs:
         fields.append((f"{name}_kwargs", json.dumps(kwargs)))

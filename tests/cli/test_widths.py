@@ -192,6 +192,14 @@ def test_best_in_the_words_of_transformers_5_24_placement_and_offload_included(
     )
     assert hf("GPT2Block:0.5/save=matmul")[1] == "activation_checkpointing=False"  # an operator policy
     assert hf("MLP:1")[1] == "activation_checkpointing=False"  # not the layers HF counts
+    own = answer(
+        "GPT2Block:0.5",
+        outermost=("GPT2Block",),
+        layers=layers,
+        own_checkpointing="gradient_checkpointing_enable() on the model",
+    )
+    kept = render(own, "hf").splitlines()  # every trial measured the script's own, on every layer: kept
+    assert kept[2] == "activation_checkpointing=True" and not any("_kwargs=" in line for line in kept)
 
 
 def test_a_compile_plan_is_given_as_torch_s_own_setting_in_every_format(
