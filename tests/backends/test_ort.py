@@ -87,6 +87,7 @@ def measured(
     return result, losses((log / "stdout.log").read_text())
 
 
+@pytest.mark.compat  # ~1 minute of ORTModule exports: CI's compatibility phase (core suite time)
 def test_ortmodule_trains_with_pytorch_s_losses_and_an_export_cache_per_workload(tmp_path) -> None:
     """Recompute changes memory, never the numbers: every plan trains with plain PyTorch's losses. The
     export cache is per workload: nhead=4 and nhead=8 print alike (ORT's own cache key), yet each gets its
