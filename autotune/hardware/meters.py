@@ -72,9 +72,11 @@ class MemoryReading:
     def __post_init__(self) -> None:
         # The peak checked against the limit is the largest any phase sampled: a step's or a phase's peak
         # above it (481.18 vs 481.07 MiB: a sample above the kernel's lazily updated high-water mark) must
-        # not be possible.
-        largest = max([self.peak_bytes, *self.by_step.values(), *self.by_phase.values()])
-        object.__setattr__(self, "peak_bytes", largest)
+        # not be possible. (A multi-process trial's peak is its worst rank's, a quantity its samples of the
+        # whole tree, launcher included, do not measure: its ranks' own peaks are kept.)
+        if not self.ranks:
+            largest = max([self.peak_bytes, *self.by_step.values(), *self.by_phase.values()])
+            object.__setattr__(self, "peak_bytes", largest)
 
     def phase_peaks(self, warmup_steps: int | None) -> tuple[int | None, int | None]:
         """The largest sample of warm-up (steps 1 to ``warmup_steps``, start-up included) and of the steps
