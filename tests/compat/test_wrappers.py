@@ -103,4 +103,9 @@ def test_a_plan_is_checked_and_applied_through_a_wrapper_and_kept_on_the_inner_m
     )
     assert str(apply_plan(wrapped, parse_plan("Block:0.5"))) == "Block:0.5"
     assert str(apply_plan(base, parse_plan("Block:1"))) == "Block:0.5"  # once: through the wrapper or not
-    assert [("forward" in b.__dict__) for b in inner.blocks] == [True, False, True, False]  # every other block
+    assert [("forward" in b.__dict__) for b in inner.blocks] == [
+        True,
+        False,
+        True,
+        False,
+    ]  # every other block
