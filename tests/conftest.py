@@ -322,3 +322,17 @@ class Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.out(torch.relu(self.fc(x)))
+
+
+class Blocks(torch.nn.Module):
+    """Four Blocks and a head: the tiny model plans are applied to and checked on in-process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(4))
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)

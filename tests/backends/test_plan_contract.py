@@ -18,7 +18,7 @@ from autotune.backends.torch_compile import budget_backend, real_compile
 from autotune.backends.torch_modules import apply_plan
 from autotune.core.plans import Backend, parse_plan
 
-from conftest import Block
+from conftest import Blocks
 
 TORCH_PLANS = {
     "module": "Block:1",
@@ -29,26 +29,14 @@ TORCH_PLANS = {
 }
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(4))
-        self.head = nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x).square().mean()
-
-
 def step(
     prepare: Callable[[nn.Module], Callable[[torch.Tensor], Any]],
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One forward and backward of the same model and batch, prepared as ``prepare`` says."""
     torch.manual_seed(0)
-    model = Net()
+    model = Blocks()
     x = torch.randn(8, 16)
-    loss = prepare(model)(x)
+    loss = prepare(model)(x).square().mean()
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 

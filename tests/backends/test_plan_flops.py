@@ -11,6 +11,7 @@ is at least the counted share (by the last matmul's share: the MLP's projection 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 
@@ -37,6 +38,7 @@ def example():
 GPT = example()
 
 
+@functools.cache
 def flops(plan: str) -> tuple[int, int, dict[str, int]]:
     """The forward's and the backward's FLOPs with ``plan``, and the forward's by module."""
     torch.manual_seed(0)
@@ -53,24 +55,23 @@ def flops(plan: str) -> tuple[int, int, dict[str, int]]:
     return forward.get_total_flops(), backward.get_total_flops(), by_module
 
 
-NONE = flops("none")
 LAYERS = GPT.GPTConfig.n_layer
 
 
 def added(plan: str) -> int:
     """The FLOPs ``plan`` adds to the backward."""
     forward, backward, _ = flops(plan)
-    assert forward == NONE[0]  # a plan never changes the forward
-    return backward - NONE[1]
+    assert forward == flops("none")[0]  # a plan never changes the forward
+    return backward - flops("none")[1]
 
 
 def module_flops(suffix: str) -> int:
     """The forward FLOPs of every block's ``suffix`` module (``""``: the block itself)."""
-    return sum(NONE[2][f"GPT.blocks.{i}{suffix}"] for i in range(LAYERS))
+    return sum(flops("none")[2][f"GPT.blocks.{i}{suffix}"] for i in range(LAYERS))
 
 
 def test_without_a_plan_the_backward_takes_twice_the_forward() -> None:
-    assert NONE[1] == 2 * NONE[0]
+    assert flops("none")[1] == 2 * flops("none")[0]
 
 
 def test_each_plan_adds_the_forward_flops_of_what_it_recomputes() -> None:
@@ -86,6 +87,6 @@ def test_each_plan_adds_the_forward_flops_of_what_it_recomputes() -> None:
 @pytest.mark.compat  # a real probe of the example: kept out of the core suite's time
 def test_the_probe_s_forward_shares_against_the_counted_flops(gpt_probe) -> None:  # noqa: F811
     shares = {row["plan"]: row["forward_share"] for row in gpt_probe["candidates"]}
-    counted = {plan: added(plan) / NONE[0] for plan in ("Block:1", "MLP:1", "CausalSelfAttention:1")}
+    counted = {plan: added(plan) / flops("none")[0] for plan in ("Block:1", "MLP:1", "CausalSelfAttention:1")}
     for plan, share in counted.items():
         assert shares[plan] >= share - 0.05, (plan, shares[plan], share)  # whole instances: at least

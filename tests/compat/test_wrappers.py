@@ -19,21 +19,9 @@ from autotune.backends.plan_check import capture, check_plans
 from autotune.backends.torch_modules import applied_plan, apply_plan, inner_module
 from autotune.core.plans import parse_plan
 
-from conftest import Block
+from conftest import Blocks as Net
 
 pytestmark = pytest.mark.compat
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(4))
-        self.head = nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def fabric(model: nn.Module) -> nn.Module:
