@@ -3,7 +3,7 @@ line>`` (``--debug`` shows the traceback). Commands that run no trial never impo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -12,6 +12,7 @@ from autotune.core.errors import AutotuneError
 from autotune.trials.interrupts import TrialInterrupted
 
 EXIT_INTERRUPTED = 130
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # Click 8.2+
 
 
 class _Group(click.Group):
@@ -23,7 +24,6 @@ class _Group(click.Group):
             return super().make_context(*args, **kwargs)
         except click.UsageError as e:
             _usage_error(e)
-            raise AssertionError("unreachable") from e
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -51,10 +51,10 @@ def cli(debug: bool) -> None:
     check_environment()  # a bad AUTOTUNE_* value: one line, before anything runs
 
 
-def _usage_error(error: click.UsageError) -> None:
+def _usage_error(error: click.UsageError) -> NoReturn:
     """One line: what was wrong and where the command's help is (exit 2, as Click's own). A command given
     no arguments at all shows its help, as Click does."""
-    if type(error).__name__ == "NoArgsIsHelpError":  # Click 8.2+: a UsageError that carries the help
+    if isinstance(error, _NO_ARGS):  # Click 8.2+: a UsageError that carries the help
         click.echo(error.format_message())
         raise SystemExit(0)
     command = error.ctx.command_path if error.ctx is not None else "autotune"
