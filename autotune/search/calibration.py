@@ -79,9 +79,14 @@ def hopeless(records: list[TrialRecord], model: MemoryModel, space: SearchSpace,
         return None
     lowest = min((r for r in records if r.measured), key=lambda r: r.peak_bytes or 0)
     bound = "" if lowest.outcome is Outcome.COMPLETE else " at least"
+    plans = ""  # a search of no plans at all
+    if space.uniform_plans != ("none",):
+        plans = " with any plan" + (
+            "" if plan == "none" else f", not even {plan} (the one that saves the most)"
+        )
     return (
-        f"no configuration fits {format_bytes(limit)} (budget minus headroom): batch {smallest} fits with "
-        f"no plan, not even the one that saves the most ({plan}); the smallest peak measured was{bound} "
+        f"no configuration fits {format_bytes(limit)} (budget minus headroom): the smallest batch, {smallest}, "
+        f"does not fit{plans}; the smallest peak measured was{bound} "
         f"{format_bytes(lowest.peak_bytes or 0)} (batch {lowest.batch_size}, plan {lowest.plan}, trial "
         f"{lowest.number})"
     )

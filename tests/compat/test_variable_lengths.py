@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune import api
+from autotune.core.budget import DEFAULT_HEADROOM
 from autotune.core.errors import InputError
 from autotune.core.protocol import WORST_CASE_ENV, Outcome
 from autotune.search.spec import TuneResult, tune_spec
@@ -80,33 +81,43 @@ def test_max_seq_len_reads_every_peak_at_the_declared_length(tmp_path: Path) -> 
     Batch 64 fits at 64 tokens and not at 256; batch 16 fits at both. Tuned with --max-seq-len 256, batch 64
     reads over the budget and the answer is 16, its peak what a trial at 256 measures; without the option,
     batch 64 reads as fitting. (Only memory decides: which fitting batch is faster is left out of it, so that
-    a loaded machine's readings change nothing here.)"""
+    a loaded machine's readings change nothing here.) The budget is set from this machine's own trials: a
+    process's fixed memory differs by tens of MiB between machines (CI's read 60 MiB more than this one's)."""
     command = [sys.executable, *SHORT, "--lengths", "64-64", "--batch-size", "{batch_size}"]
+    small_at_256, large_at_64, large_at_256 = (
+        peak_at(tmp_path, 256, 16),
+        peak_at(tmp_path, 64, 64),
+        peak_at(tmp_path, 256, 64),
+    )
+    fits = max(small_at_256, large_at_64)
+    assert large_at_256 > fits * 1.2, (fits, large_at_256)  # the script's premise: 4x the tokens is seen
+    limit = (fits + large_at_256) // 2
+    budget = f"{limit / (1 - DEFAULT_HEADROOM) / MiB:.2f}MiB"
 
     def tuned(**options: object) -> TuneResult:
         spec = tune_spec(
-            command, "560MiB", batch_sizes="16,64", device="cpu", cache_dir=tmp_path, trials=6, **options
-        )
+            command, budget, batch_sizes="16,64", device="cpu", cache_dir=tmp_path, trials=6, **options,
+        )  # fmt: skip
         return api.tune(spec, environ=ENV)
 
     carried, plain = tuned(max_seq_len=256), tuned()
     best = carried.best
-    at_256 = peak_at(tmp_path, 256, best.batch_size)
     print(
-        f"--max-seq-len 256: batch {best.batch_size}, peak read {best.verified_peak_bytes / MiB:.1f} MiB, a trial "
-        f"at 256 {at_256 / MiB:.1f} MiB (limit {carried.limit_bytes / MiB:.1f}); without: batch "
-        f"{plain.best.batch_size}, {plain.best.verified_peak_bytes / MiB:.1f} MiB"
+        f"budget {budget} (limit {carried.limit_bytes / MiB:.1f} MiB); trials at 256 tokens: batch 16 "
+        f"{small_at_256 / MiB:.1f} MiB, batch 64 {large_at_256 / MiB:.1f} MiB; at 64 tokens batch 64 "
+        f"{large_at_64 / MiB:.1f} MiB. --max-seq-len 256: batch {best.batch_size}, peak read "
+        f"{best.verified_peak_bytes / MiB:.1f} MiB; without: batch {plain.best.batch_size}, "
+        f"{plain.best.verified_peak_bytes / MiB:.1f} MiB"
     )
     assert best.batch_size == 16
-    assert abs(best.verified_peak_bytes - at_256) <= 0.05 * at_256
-    assert at_256 <= carried.limit_bytes * 1.02  # the memory noise of two RSS readings
+    assert abs(best.verified_peak_bytes - small_at_256) <= 0.05 * small_at_256
     sixty_four = [r for r in plain.records if r.batch_size == 64 and r.measured]
     assert sixty_four and all(r.fits(plain.limit_bytes) for r in sixty_four)  # read at 64 tokens: fits
-    assert peak_at(tmp_path, 256, 64) > plain.limit_bytes  # but not at the job's longest
+    assert large_at_256 > plain.limit_bytes  # but not at the job's longest
     assert all(not r.fits(carried.limit_bytes) for r in carried.records if r.batch_size == 64 and r.measured)
 
     def answer(**options: object) -> int:
-        return api.best(command, budget="560MiB", device="cpu", cache_dir=tmp_path, **options).batch_size
+        return api.best(command, budget=budget, device="cpu", cache_dir=tmp_path, **options).batch_size
 
     assert answer(max_seq_len=256) == 16 and answer() == plain.best.batch_size
     readings = [r for r in carried.records if r.measured_peak_bytes is not None]

@@ -169,8 +169,8 @@ def test_the_plan_that_saves_the_most_is_tried_when_the_first_does_not_fit_then_
     records.append(trial(1, 1, "A:1", 450))  # 550 MiB
     why = hopeless(records, model_of(records, SAVINGS), SPACE, LIMIT)
     assert why == (
-        "no configuration fits 500.00 MiB (budget minus headroom): batch 1 fits with no plan, not even the one "
-        "that saves the most (A:1); the smallest peak measured was 550.00 MiB (batch 1, plan A:1, trial 1)"
+        "no configuration fits 500.00 MiB (budget minus headroom): the smallest batch, 1, does not fit with any "
+        "plan, not even A:1 (the one that saves the most); the smallest peak measured was 550.00 MiB (batch 1, plan A:1, trial 1)"
     )
 
 

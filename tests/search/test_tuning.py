@@ -215,8 +215,8 @@ def test_a_hopeless_budget_ends_once_every_plan_failed_at_batch_1_with_one_line_
     assert result.exit_code == 6
     last = result.output.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"Error: no configuration fits 28.50 MiB \(budget minus headroom\): batch 1 fits with no plan, not "
-        r"even the one that saves the most \(B:1\); the smallest peak measured was at least ([\d.]+) MiB "
+        r"Error: no configuration fits 28.50 MiB \(budget minus headroom\): the smallest batch, 1, does not fit "
+        r"with any plan, not even B:1 \(the one that saves the most\); the smallest peak measured was at least ([\d.]+) MiB "
         r"\(batch 1, plan (none|A|B:1), trial [012]\); it needs a budget of at least ([\d.]+) MiB",
         last,
     ), last
