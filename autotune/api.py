@@ -203,12 +203,15 @@ def report(
         InputError: no such study, or none stored. StorageError: the database.
     """
     from autotune.core.errors import InputError
+    from autotune.core.names import check_study_name
     from autotune.results.best import open_default
     from autotune.results.report import write_report
 
+    if study is not None:
+        check_study_name(study)  # the default file name is the study's: never a path out of this folder
     store = open_default(storage, cache_dir)
     if study is None:
-        rows = store.studies()
+        rows = store.studies()  # checked as read: a name a database writer set is skipped
         if not rows:
             raise InputError(f"no study in {store.display_url}: run autotune run first")
         study = rows[-1].study_name
@@ -216,15 +219,19 @@ def report(
     return write_report(store, study, out, out.with_suffix(".png") if png else None)
 
 
-def submit(spec: TuneSpec) -> JobRow:
-    """Record ``spec`` as a job for workers and return at once (the same job again returns the stored one).
+def submit(spec: TuneSpec, *, unsigned: bool = False, environ: Mapping[str, str] | None = None) -> JobRow:
+    """Record ``spec`` as a job for workers and return at once (the same job again returns the stored one),
+    signed with the job key ``environ`` gives (AUTOTUNE_JOB_KEY, AUTOTUNE_JOB_KEY_FILE, or the user's
+    job.key: autotune.workers.signing); ``unsigned`` for workers started with ``allow_unsigned``.
 
     Raises:
-        InputError: another job of that name exists. StorageError: the database.
+        InputError: no job key (and not ``unsigned``), a bad key file, or another job of that name exists.
+        StorageError: the database.
     """
+    from autotune.workers.signing import load_key
     from autotune.workers.submit import submit as submit_job
 
-    return submit_job(spec)
+    return submit_job(spec, load_key(os.environ if environ is None else environ), unsigned)
 
 
 def work(
@@ -237,6 +244,7 @@ def work(
     cache_dir: Path | None = None,
     environ: Mapping[str, str] | None = None,
     say: Callable[[str], None] | None = None,
+    allow_unsigned: bool = False,
 ) -> WorkerSummary:
     """Run the trials of the database's open jobs on ``devices`` until stopped (SIGTERM/SIGINT in the main
     thread), or with ``once`` until no open job is left that this worker can run.
@@ -246,22 +254,27 @@ def work(
         gpus_per_trial: the devices in groups of this many, one trial at a time on each group (jobs that
             ask for another number are refused here).
         studies: only these jobs. ``say``: receives the worker's lines (default: none).
+        allow_unsigned: run unsigned jobs too (a database only you can write); signed ones are verified
+            whenever ``environ`` gives a job key.
 
     Returns:
         The trials measured and the jobs done, failed and refused here.
 
     Raises:
-        InputError: bad devices. StorageError: the database.
+        InputError: bad devices; no job key and not ``allow_unsigned``; a bad key file. StorageError: the
+            database.
     """
     from autotune.core.paths import cache_dir as default_cache_dir
     from autotune.core.paths import default_storage_url
     from autotune.hardware.devices import device_groups
+    from autotune.workers.signing import Trust, load_key
     from autotune.workers.worker import Worker, parse_devices
 
     env = dict(os.environ if environ is None else environ)
+    trust = Trust(load_key(env), allow_unsigned)  # checked before the database is opened
     url = storage or default_storage_url(default_cache_dir(cache_dir))
     groups = device_groups(parse_devices(devices, env), gpus_per_trial)
-    worker = Worker(url, groups, cache_dir, env, once, tuple(studies) or None, say)
+    worker = Worker(url, groups, cache_dir, env, once, tuple(studies) or None, say, trust=trust)
     return worker.run()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+# the submitters' and worker's job key (autotune.workers.signing): the caller's, else one for this soak
+ENV = {**os.environ, "AUTOTUNE_JOB_KEY": os.environ.get("AUTOTUNE_JOB_KEY") or secrets.token_hex(32)}
 SYNTHETIC = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "synthetic.py"
 
 
@@ -66,7 +69,7 @@ def soak(
         argv += ["--storage", storage, str(SYNTHETIC), "--", "--base-mib", "8", "--per-sample-mib", "0.01"]
         argv += ["--step-seconds", f"{0.01 + job / 10000:.4f}"]  # a workload of its own: no warm start
         submitting.append(
-            subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
         )
     for proc in submitting:
         _, err = proc.communicate(timeout=120)
@@ -105,7 +108,7 @@ def _sampled(argv: list[str], cache: Path) -> tuple[list[Sample], float, int]:
     """Start the tuner ``argv`` and sample it each time a trial report lands under ``cache`` until it exits.
     Its output goes to <cache>/tuner.log (a pipe nobody reads while it runs would fill and stop it)."""
     log = open(cache / "tuner.log", "w")  # noqa: SIM115  (closed when the tuner has exited)
-    tuner = subprocess.Popen(argv, stdout=log, stderr=log, text=True)
+    tuner = subprocess.Popen(argv, stdout=log, stderr=log, text=True, env=ENV)
     started = time.monotonic()
     samples: list[Sample] = []
     seen = 0

@@ -4,12 +4,18 @@ one-line StorageErrors naming the database, and the clock rows are stamped with.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import sqlalchemy as sa
 
 from autotune.core.errors import StorageError
+
+log = logging.getLogger("autotune.storage")
+_SAID: set[str] = set()  # the damaged-row lines this process printed
 
 
 class Tables:
@@ -35,3 +41,40 @@ def now() -> dt.datetime:
 def first_line(error: BaseException) -> str:
     text = str(getattr(error, "orig", None) or error)
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+class DamagedRow(ValueError):
+    """A stored row that is not what autotune wrote: why, in a few words."""
+
+
+def say_once(line: str) -> None:
+    """``line`` on the ``autotune.storage`` log, once per process (a worker reads the same row every poll)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        log.warning("%s", line)
+
+
+def text_of(values: dict[str, Any], column: str, optional: bool = False) -> Any:
+    """``values[column]``, which must be text (None too, if ``optional``).
+
+    Raises:
+        DamagedRow: it is not.
+    """
+    value = values[column]
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise DamagedRow(f"its {column} is not text")
+    return value
+
+
+def json_of(values: dict[str, Any], column: str) -> Any:
+    """``values[column]`` parsed as JSON (the column read as text: one row's bad JSON fails only that row).
+
+    Raises:
+        DamagedRow: it is not JSON.
+    """
+    try:
+        return json.loads(text_of(values, column))
+    except json.JSONDecodeError as e:
+        raise DamagedRow(f"its {column} is not JSON ({e.msg} at character {e.pos})") from None

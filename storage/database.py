@@ -30,7 +30,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from autotune.core.environment import seconds
-from autotune.core.errors import StorageError
+from autotune.core.errors import StorageError, StorageFault
+from autotune.core.faults import database_fault, write_fault
 
 T = TypeVar("T")
 log = logging.getLogger("autotune.storage")
@@ -226,10 +227,13 @@ def filesystem_type(path: Path) -> str:
 
 
 def is_transient(error: BaseException) -> bool:
-    """A lock timeout or a lost connection (worth retrying), anywhere in ``error``'s cause chain.
+    """A lock timeout or a lost connection (worth retrying), anywhere in ``error``'s cause chain; never a
+    database that cannot be written (a full disk, read-only storage: autotune.core.faults).
 
     Optuna re-raises SQLAlchemy's errors as its own StorageInternalError, autotune as StorageError."""
-    return _transient_cause(error) is not None
+    return (
+        _transient_cause(error) is not None and database_fault(error) is None and write_fault(error) is None
+    )
 
 
 def _transient_cause(error: BaseException) -> BaseException | None:
@@ -243,58 +247,120 @@ def _transient_cause(error: BaseException) -> BaseException | None:
     return None
 
 
+STORAGE_DEADLINE_SECONDS = 600
+SAY_EVERY_SECONDS = 60  # while retrying: a line this often, so that nothing waits in silence
+
+
+def storage_deadline() -> float:
+    """Seconds a busy or unreachable database is retried: STORAGE_DEADLINE_SECONDS, or
+    AUTOTUNE_STORAGE_DEADLINE."""
+    return seconds("AUTOTUNE_STORAGE_DEADLINE", STORAGE_DEADLINE_SECONDS)
+
+
 def retrying(
     call: Callable[[], T],
     deadline: float | None = None,
     on_retry: Callable[[BaseException, int], None] | None = None,
+    where: str = "the database",
 ) -> T:
     """``call()``, retried with jittered backoff (0.1 s doubling to 5 s) while it fails transiently.
 
-    ``deadline``: seconds after which the last transient error is raised (None: retry until it works, for
-    writes that must not be lost). Anything else is raised at once."""
-    started, attempt = time.monotonic(), 0
+    ``deadline``: seconds after which the last transient error is raised (None: storage_deadline()). A line
+    says the first retry, what it waits for and until when, and another every SAY_EVERY_SECONDS. A
+    database that cannot be written, and anything else, is raised at once.
+
+    Raises:
+        StorageError: the deadline passed (``where`` names the database).
+    """
+    limit = storage_deadline() if deadline is None else deadline
+    started, attempt, said = time.monotonic(), 0, 0.0
     while True:
         try:
             return call()
         except Exception as e:
-            if not is_transient(e) or (deadline is not None and time.monotonic() - started > deadline):
+            if not is_transient(e):
                 raise
+            waited = time.monotonic() - started
+            cause = _first_line(_transient_cause(e) or e)
+            if waited > limit:
+                if deadline is not None:
+                    raise
+                raise StorageError(
+                    f"{where} stayed busy or unreachable for {_duration(waited)} "
+                    f"(AUTOTUNE_STORAGE_DEADLINE): {cause}"
+                ) from e
             attempt += 1
             if on_retry is not None:
                 on_retry(e, attempt)
             elif attempt == 1:
-                cause = str(_transient_cause(e)).strip().splitlines()
-                log.warning("database busy or unreachable, retrying: %s", cause[0][:200] if cause else e)
+                log.warning(
+                    "%s is busy or unreachable, retrying for up to %s: %s", where, _duration(limit), cause
+                )
+            elif waited - said >= SAY_EVERY_SECONDS:
+                said = waited
+                log.warning(
+                    "still retrying %s (%s of %s): %s", where, _duration(waited), _duration(limit), cause
+                )
             time.sleep(min(5.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.0))
 
 
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def retried(method: Callable[..., T]) -> Callable[..., T]:
-    """``method`` with every call made through ``retrying`` (no deadline); a stored value that cannot be
-    decoded (a damaged row: JSON cut short, bytes that are not UTF-8) is one StorageError naming the
-    database, not a traceback, nor a row silently skipped. ``method`` belongs to a Store or to Optuna's
-    RDBStorage: its first argument."""
+    """``method`` with every call made through ``retrying``; a stored value that cannot be decoded (a
+    damaged row: JSON cut short, bytes that are not UTF-8) is one StorageError naming the database, not a
+    traceback, nor a row silently skipped; a database that cannot be written is one StorageFault naming it
+    and the cause. ``method`` belongs to a Store or to Optuna's RDBStorage: its first argument."""
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> T:
+        owner = args[0] if args else None
         try:
-            return retrying(lambda: method(*args, **kwargs))
+            return retrying(lambda: method(*args, **kwargs), where=f"the database {database_name(owner)}")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise StorageError(damaged_row(args[0] if args else None, e)) from e
+            raise StorageError(damaged_row(owner, e)) from e
+        except StorageFault:
+            raise
+        except Exception as e:
+            fault: object = database_fault(e) or write_fault(e)
+            if fault is not None:
+                raise StorageFault(fault_message(database_name(owner), fault)) from e
+            raise
 
     return call
+
+
+def fault_message(name: str, cause: object) -> str:
+    """One line for a database that cannot be written: which, why, and what to do."""
+    why = cause.strerror if isinstance(cause, OSError) and cause.strerror else cause
+    return (
+        f"the database {name} cannot be written: {why}; free space or make it writable, then run again: "
+        "what was stored is kept"
+    )
+
+
+def database_name(owner: object) -> str:
+    """The database ``owner`` (a Store, Optuna's storage) uses: a SQLite file's path, else its URL without
+    the password."""
+    engine = getattr(owner, "_engine", None) or getattr(owner, "engine", None)  # a Store's, Optuna's
+    url = getattr(engine, "url", None)
+    if url is not None and url.get_backend_name() == "sqlite" and url.database:
+        return str(Path(url.database))
+    return str(getattr(owner, "display_url", "") or (redact(url) if url is not None else "in use"))
 
 
 def damaged_row(owner: object, error: Exception) -> str:
     """What to say of a row whose stored value cannot be read: which database (never its password), what
     failed, and how to recover."""
-    engine = getattr(owner, "_engine", None) or getattr(owner, "engine", None)  # a Store's, Optuna's
-    url = getattr(engine, "url", None)
-    path = (
-        Path(url.database)
-        if url is not None and url.get_backend_name() == "sqlite" and url.database
-        else None
-    )
-    name = str(path) if path is not None else str(getattr(owner, "display_url", "") or "in use")
+    name = database_name(owner)
+    path = Path(name) if name.startswith("/") else None
     hint = backup_hint(path) if path is not None else ""
     reason = str(error).splitlines()[0][:160]
     return (

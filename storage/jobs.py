@@ -6,9 +6,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import InputError, StorageError
+from autotune.core.names import check_study_name
 from autotune.storage import schema
-from autotune.storage.base import Tables, now
+from autotune.storage.base import DamagedRow, Tables, json_of, now, say_once, text_of
 from autotune.storage.rows import JobRow, JobState
 
 
@@ -34,14 +35,39 @@ class JobTables(Tables):
         return next(iter(self.jobs(name=name)), None)
 
     def jobs(self, states: tuple[JobState, ...] | None = None, name: str | None = None) -> list[JobRow]:
-        query = sa.select(schema.jobs).order_by(schema.jobs.c.created_at)
+        """The jobs (in ``states``, or named ``name``), oldest first. A damaged row (a spec that is not a
+        job's JSON, an unknown state, a name no study may have) is skipped with one line on the
+        ``autotune.storage`` log, once per process: one bad row must not stop every worker reading the
+        table."""
+        table = schema.jobs
+        query = sa.select(
+            *(table.c[c] for c in _PLAIN),
+            *(sa.cast(table.c[c], sa.Text).label(c) for c in _JSON),  # parsed row by row, below
+        ).order_by(table.c.created_at)
         if states is not None:
-            query = query.where(schema.jobs.c.state.in_([JobState(s).value for s in states]))
+            query = query.where(table.c.state.in_([JobState(s).value for s in states]))
         if name is not None:
-            query = query.where(schema.jobs.c.study_name == name)
+            query = query.where(table.c.study_name == name)
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        return [_job(dict(r._mapping)) for r in rows]
+        jobs = []
+        for row in rows:
+            try:
+                jobs.append(_job(dict(row._mapping)))
+            except DamagedRow as e:
+                say_once(f"database {self.display_url}: skipping job {row.study_name!r}: {e}")
+        return jobs
+
+    def replace_job(self, row: JobRow) -> None:
+        """Store ``row``'s spec, scripts and signature over the job of its name (``autotune run`` re-signs
+        its own job each time it runs it)."""
+        values = {k: getattr(row, k) for k in ("script", "script_sha256", "spec", "scripts", "signature")}
+        with self._connect(write=True) as conn:
+            conn.execute(
+                sa.update(schema.jobs)
+                .where(schema.jobs.c.study_name == row.study_name)
+                .values(**values, updated_at=now())
+            )
 
     def set_job_state(
         self,
@@ -59,13 +85,40 @@ class JobTables(Tables):
             return updated.rowcount == 1
 
 
+_PLAIN = ("study_name", "script", "script_sha256", "state", "submitted_by", "error", "signature")
+_JSON = ("spec", "scripts")
+
+
 def _job(values: dict[str, Any]) -> JobRow:
+    """The row as a JobRow, every field checked.
+
+    Raises:
+        DamagedRow: a field is not what autotune stores there.
+    """
+    try:
+        check_study_name(text_of(values, "study_name"))
+    except InputError as e:
+        raise DamagedRow(str(e)) from None
+    try:
+        state = JobState(values["state"])
+    except ValueError:
+        raise DamagedRow(f"its state {values['state']!r} is not a job state") from None
+    spec = json_of(values, "spec")
+    if not isinstance(spec, dict):
+        raise DamagedRow("its spec is not a JSON object")
+    scripts = json_of(values, "scripts") if values["scripts"] is not None else None
+    if scripts is not None and not (
+        isinstance(scripts, dict) and all(isinstance(v, str) for v in scripts.values())
+    ):
+        raise DamagedRow("its script hashes are not a JSON object of path to sha256")
     return JobRow(
-        study_name=values["study_name"],
-        script=values["script"],
-        script_sha256=values["script_sha256"],
-        spec=values["spec"],
-        state=JobState(values["state"]),
-        submitted_by=values["submitted_by"],
-        error=values["error"],
+        study_name=text_of(values, "study_name"),
+        script=text_of(values, "script"),
+        script_sha256=text_of(values, "script_sha256", optional=True),
+        spec=spec,
+        state=state,
+        submitted_by=text_of(values, "submitted_by"),
+        error=text_of(values, "error", optional=True),
+        scripts=scripts,
+        signature=text_of(values, "signature", optional=True),
     )

@@ -18,7 +18,7 @@ from autotune.storage.schema import HEAD_REVISION, VERSION_TABLE
 
 log = logging.getLogger("autotune.storage")
 MIGRATIONS = Path(__file__).with_name("migrations")
-KNOWN_REVISIONS = ["0001", "0002", "0003", "0004", "0005"]  # in order; the last is HEAD_REVISION
+KNOWN_REVISIONS = ["0001", "0002", "0003", "0004", "0005", "0006"]  # in order; the last is HEAD_REVISION
 
 
 def current_revision(engine: sa.Engine) -> str | None:

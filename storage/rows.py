@@ -77,6 +77,8 @@ class JobRow:
     state: JobState
     submitted_by: str
     error: str | None = None
+    scripts: dict[str, str] | None = None  # the sha256 of every script the command names, by path as written
+    signature: str | None = None  # the submitter's HMAC over the job (autotune.workers.signing)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 VERSION_TABLE = "autotune_alembic_version"  # Optuna's own migrations use "alembic_version"
 
 metadata = sa.MetaData()
@@ -83,6 +83,10 @@ jobs = sa.Table(
     sa.Column("submitted_by", sa.Text, nullable=False),  # host:pid:start of the submitting process
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
+    # the sha256 of every script the command names, by path as written (None: stored before 0006)
+    sa.Column("scripts", sa.JSON, nullable=True),
+    # the submitter's HMAC over the job (autotune.workers.signing); None: unsigned, or stored before 0006
+    sa.Column("signature", sa.String(128), nullable=True),
 )
 
 leases = sa.Table(

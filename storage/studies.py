@@ -7,9 +7,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import InputError, StorageError
+from autotune.core.names import check_study_name
 from autotune.storage import schema
-from autotune.storage.base import Tables, now
+from autotune.storage.base import DamagedRow, Tables, json_of, now, say_once, text_of
 from autotune.storage.rows import BestRow, StudyRow, WorkloadRow
 
 
@@ -72,20 +73,29 @@ class StudyTables(Tables):
                 raise
 
     def studies(self, fingerprint: str | None = None) -> list[StudyRow]:
-        """Every study (of one workload), oldest first."""
+        """Every study (of one workload), oldest first. A damaged row (a name no study may have, a budget or
+        space that is not autotune's) is skipped with one line on the ``autotune.storage`` log."""
+        table = schema.studies
         query = (
-            sa.select(schema.studies, schema.workloads.c.script)
+            sa.select(
+                *(table.c[c] for c in ("study_name", "fingerprint", "study_key", "budget_bytes", "headroom")),
+                sa.cast(table.c.space, sa.Text).label("space"),  # parsed row by row, below
+                schema.workloads.c.script,
+            )
             .join(schema.workloads)
-            .order_by(schema.studies.c.created_at)
+            .order_by(table.c.created_at)
         )
         if fingerprint is not None:
-            query = query.where(schema.studies.c.fingerprint == fingerprint)
+            query = query.where(table.c.fingerprint == fingerprint)
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        return [
-            StudyRow(r.study_name, r.fingerprint, r.study_key, r.budget_bytes, r.headroom, r.space, r.script)
-            for r in rows
-        ]
+        studies = []
+        for row in rows:
+            try:
+                studies.append(_study(dict(row._mapping)))
+            except DamagedRow as e:
+                say_once(f"database {self.display_url}: skipping study {row.study_name!r}: {e}")
+        return studies
 
     def study(self, name: str) -> StudyRow | None:
         return next((row for row in self.studies() if row.study_name == name), None)
@@ -99,3 +109,31 @@ class StudyTables(Tables):
         with self._connect(write=True) as conn:
             conn.execute(sa.delete(schema.best).where(schema.best.c.study_name == row.study_name))
             conn.execute(sa.insert(schema.best).values(**row.__dict__, created_at=now()))
+
+
+def _study(values: dict[str, Any]) -> StudyRow:
+    """The row as a StudyRow, every field checked.
+
+    Raises:
+        DamagedRow: a field is not what autotune stores there.
+    """
+    try:
+        name = check_study_name(text_of(values, "study_name"))
+    except InputError as e:
+        raise DamagedRow(str(e)) from None
+    budget, headroom, space = values["budget_bytes"], values["headroom"], json_of(values, "space")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
+        raise DamagedRow(f"its budget {budget!r} is not a number of bytes")
+    if not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise DamagedRow(f"its headroom {headroom!r} is not a fraction")
+    if not isinstance(space, dict):
+        raise DamagedRow("its search space is not a JSON object")
+    return StudyRow(
+        name,
+        text_of(values, "fingerprint"),
+        text_of(values, "study_key"),
+        budget,
+        float(headroom),
+        space,
+        text_of(values, "script"),
+    )

@@ -56,6 +56,19 @@ def quiet_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     )  # read by this process and every tuner it starts
 
 
+TEST_JOB_KEY = "0123456789abcdef" * 4  # what every test's submitters and workers share, unless a test says
+
+
+@pytest.fixture(autouse=True)
+def job_key(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test holds the same job key (autotune.workers.signing), as a deployment's submitters and
+    workers do; the user's own config dir (where ``autotune keygen`` writes) is out of reach."""
+    monkeypatch.setenv("AUTOTUNE_JOB_KEY", TEST_JOB_KEY)
+    monkeypatch.delenv("AUTOTUNE_JOB_KEY_FILE", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "config"))
+    return TEST_JOB_KEY
+
+
 def measure_example(
     cache: Path, plan: str, env: dict[str, str] | None = None, batch: int = 32, model: tuple[str, ...] = ()
 ) -> dict:

@@ -63,14 +63,21 @@ def run(**options: Any) -> None:
 
 @cli.command()
 @search_options
-def submit(**options: Any) -> None:
+@click.option(
+    "--unsigned",
+    is_flag=True,
+    help="Store the job unsigned, for workers started with --allow-unsigned (a database only you can write).",
+)
+def submit(unsigned: bool, **options: Any) -> None:
     """Record a tuning job for workers (autotune worker) and return at once; prints the job's study name.
 
-    Takes the options of run. Workers sharing --storage take it; autotune best --study NAME answers once
-    it is done. --device is ignored: each worker measures on its own devices.
+    Takes the options of run. The job is signed with the job key (AUTOTUNE_JOB_KEY, AUTOTUNE_JOB_KEY_FILE,
+    or the file autotune keygen writes): workers run only jobs signed with the key they hold. Workers
+    sharing --storage take it; autotune best --study NAME answers once it is done. --device is ignored:
+    each worker measures on its own devices.
     """
     quiet_optuna()
-    job = api.submit(_tune_spec(options))
+    job = api.submit(_tune_spec(options), unsigned=unsigned, environ=os.environ)
     if options["as_json"]:
         click.echo(json.dumps({"study": job.study_name, "state": job.state.value, "script": job.script}))
     else:
@@ -90,6 +97,11 @@ def submit(**options: Any) -> None:
 @GPUS_PER_TRIAL
 @click.option("--once", is_flag=True, help="Exit when no open job is left (for batch schedulers and tests).")
 @click.option("--study", "studies_", multiple=True, help="Only work on these jobs.")
+@click.option(
+    "--allow-unsigned",
+    is_flag=True,
+    help="Also run unsigned jobs (submit --unsigned): only on a database no one else can write.",
+)
 @cache_dir_option("Trial logs and the default database.")
 def worker(
     storage: str | None,
@@ -97,12 +109,18 @@ def worker(
     gpus_per_trial: int,
     once: bool,
     studies_: tuple[str, ...],
+    allow_unsigned: bool,
     cache_dir: Path | None,
 ) -> None:
     """Run the trials of the database's open jobs until stopped (SIGTERM/SIGINT: running trials are
-    stopped and released, nothing is left running). Several workers, on any hosts, share the jobs."""
+    stopped and released, nothing is left running). Several workers, on any hosts, share the jobs.
+
+    A worker runs only jobs signed with the job key it holds (AUTOTUNE_JOB_KEY, AUTOTUNE_JOB_KEY_FILE, or
+    the file autotune keygen writes) and whose scripts hash here as they did when submitted; it refuses any
+    other in one line, and prints the command of each job it runs."""
     quiet_optuna()
     summary = api.work(
+        allow_unsigned=allow_unsigned,
         storage=storage,
         devices=devices,
         gpus_per_trial=gpus_per_trial,
@@ -118,3 +136,23 @@ def worker(
         + ("; stopped" if summary.stopped else ""),
         err=True,
     )
+
+
+@cli.command()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the key (default: job.key in your config dir, which autotune reads by itself).",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace an existing key file (jobs signed with it stop verifying)."
+)
+def keygen(output: Path | None, force: bool) -> None:
+    """Write a new job key (256 random bits, mode 0600): submit signs jobs with it, and workers run only
+    jobs signed with the key they hold. Copy it to every submitting and worker host, to the same path or
+    through AUTOTUNE_JOB_KEY_FILE / AUTOTUNE_JOB_KEY; whoever holds it can make workers run commands."""
+    from autotune.workers.signing import default_key_file, write_key_file
+
+    key = write_key_file(output or default_key_file(), force)
+    click.echo(f"wrote job key {key.key_id} to {key.source} (mode 600)")

@@ -14,6 +14,7 @@ SECONDS = {
     "AUTOTUNE_HEARTBEAT_GRACE": "how long a lease's heartbeats may stop before its worker is taken for dead",
     "AUTOTUNE_BUSY_TIMEOUT": "how long SQLite waits for a lock",
     "AUTOTUNE_CONNECT_TIMEOUT": "how long to wait for a database server to answer a new connection",
+    "AUTOTUNE_STORAGE_DEADLINE": "how long a busy or unreachable database is retried before giving up",
 }
 
 

@@ -37,6 +37,11 @@ class StorageError(AutotuneError):
     exit_code = 5
 
 
+class StorageFault(StorageError):
+    """Storage that cannot be written — a full disk, a read-only file system — under the database or the
+    trial files: not retried (it lasts until someone frees space); the run stops, its trial released."""
+
+
 class NoFitError(AutotuneError):
     """No configuration that was measured fits the budget."""
 

@@ -22,6 +22,9 @@ from autotune.core.plans import Backend
 REQUEST_ENV = "AUTOTUNE_TRIAL_REQUEST"
 TRIAL_UMASK_ENV = "AUTOTUNE_TRIAL_UMASK"  # the user's umask, restored for the trial (the tuner's is private)
 STORAGE_ENV = "AUTOTUNE_STORAGE"  # the database URL, password included: never passed to a trial
+JOB_KEY_ENV = "AUTOTUNE_JOB_KEY"  # the key jobs are signed with (autotune.workers.signing): nor this
+JOB_KEY_FILE_ENV = "AUTOTUNE_JOB_KEY_FILE"  # where to read it instead: nor this
+NOT_FOR_TRIALS = (STORAGE_ENV, JOB_KEY_ENV, JOB_KEY_FILE_ENV)  # what a trial's environment leaves out
 BATCH_SIZE_ENV = "AUTOTUNE_BATCH_SIZE"
 PLAN_ENV = "AUTOTUNE_PLAN"
 GRAD_ACCUM_ENV = "AUTOTUNE_GRAD_ACCUM"  # micro-batches per optimizer step (autotune.grad_accum())

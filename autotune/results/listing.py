@@ -81,7 +81,8 @@ def studies(store: Store) -> list[StudySummary]:
             )
         )
     for job in jobs.values():
-        summaries.append(StudySummary(job.study_name, job.script, 0, 0, None, job.state, job.spec["budget"]))
+        budget = job.spec.get("budget")  # a row's spec is whatever JSON object was stored: read, not trusted
+        summaries.append(StudySummary(job.study_name, job.script, 0, 0, None, job.state, str(budget or "?")))
     return summaries
 
 

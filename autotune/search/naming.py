@@ -5,15 +5,12 @@ with zero trials."""
 from __future__ import annotations
 
 import re
-import unicodedata
 from pathlib import Path
 from typing import Any
 
-from autotune.core.errors import InputError
+from autotune.core.names import check_study_name
 from autotune.trials.workload import Workload, digest
 
-MAX_STUDY_NAME = 128
-_INVISIBLE = ("Cc", "Cf", "Zl", "Zp")  # control, format (bidi, zero-width), line and paragraph separators
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -49,17 +46,3 @@ def job_study_name(script: str, digest: str) -> str:
     """The study name of a submitted job, before any worker has seen a device: ``<stem>-<digest[:12]>``."""
     stem = Path(script).stem[:64] or "job"
     return check_study_name(f"{stem}-{digest[:12]}")
-
-
-def check_study_name(name: str) -> str:
-    """Validate a user-given study name (it must work on SQLite and PostgreSQL alike).
-
-    Raises:
-        InputError: control or format characters (Unicode's too: U+0085, U+202E, a zero-width space, which
-            break every table that shows the name), '/', '..', or more than 128 characters.
-    """
-    if not name or len(name) > MAX_STUDY_NAME:
-        raise InputError(f"study name must be 1 to {MAX_STUDY_NAME} characters, got {len(name)}")
-    if any(unicodedata.category(c) in _INVISIBLE for c in name) or "/" in name or ".." in name:
-        raise InputError(f"invalid study name {name!r}: no control or format characters, '/' or '..'")
-    return name

@@ -57,10 +57,11 @@ class Recovery:
         self.store.end_lease(lease.id, LeaseState.FAILED, note)
         self._after_failure(lease, note)
 
-    def release(self, lease: Lease, number: int) -> None:
-        """A stopping worker gives its configuration back (same attempt: stopping is not a fault)."""
-        fail_trial(self.study, number, "released: its worker was stopped")
-        self.store.release(lease.id, "released by a stopping worker")
+    def release(self, lease: Lease, number: int, why: str = "its worker was stopped") -> None:
+        """A stopping worker gives its configuration back (same attempt: stopping is not a fault, nor is
+        storage that could not be written)."""
+        fail_trial(self.study, number, f"released: {why}")
+        self.store.release(lease.id, f"released: {why}")
 
     def _after_failure(self, lease: Lease, note: str) -> None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -14,10 +14,10 @@ from typing import Any
 from autotune.core.batches import MAX_GLOBAL_BATCH, check_global_batch, per_rank
 from autotune.core.budget import DEFAULT_HEADROOM, Budget, check_headroom, parse_budget, parse_headroom
 from autotune.core.errors import InputError
+from autotune.core.names import check_study_name
 from autotune.core.paths import cache_dir, default_storage_url
 from autotune.core.plans import Backend
 from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
-from autotune.search.naming import check_study_name
 from autotune.search.records import TrialRecord
 from autotune.search.space import micro_batch_sizes, parse_batch_sizes, parse_plan_list
 from autotune.storage import BestRow

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import TrialError
+from autotune.core.faults import files_fault, unwritable
 from autotune.core.protocol import read_pinned, read_position, read_progress
 from autotune.hardware.host import HostWatch
 from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
@@ -256,10 +257,14 @@ def _read_result(path: Path, shim: subprocess.Popen[bytes]) -> dict[str, Any]:
     the signal is the trial's outcome, never the tuner's end (issue 31: a study wedged on every resume).
 
     Raises:
+        StorageFault: it could not write its result: the trial's folder cannot be written (a full disk, a
+            read-only file system).
         TrialError: the shim exited on its own and left no result (a bug in autotune, not a trial's end)."""
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
+        if (refused := unwritable(path.parent)) is not None:
+            raise files_fault(path.parent, refused) from e
         if shim.returncode is not None and shim.returncode < 0:
             return {
                 "exit_code": None,

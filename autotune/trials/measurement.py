@@ -18,14 +18,15 @@ from autotune.backends.probe_report import ModuleCandidate, probe_report_from_js
 from autotune.core.batches import grad_accum_for
 from autotune.core.budget import Budget, parse_budget
 from autotune.core.errors import InputError
+from autotune.core.faults import files_fault, unwritable, write_fault
 from autotune.core.paths import cache_dir, compile_cache_dir, new_trial_dir, torch_default_inductor_dir
 from autotune.core.plans import Backend, Plan
 from autotune.core.protocol import (
     BATCH_SIZE_ENV,
     GRAD_ACCUM_ENV,
+    NOT_FOR_TRIALS,
     PLAN_ENV,
     REQUEST_ENV,
-    STORAGE_ENV,
     Outcome,
     RankResult,
     TrialReport,
@@ -172,10 +173,17 @@ def run_trial(
     ``host_budget``: bytes of host memory the trial's processes may hold (None: what the host has available
     now, less a margin); a trial passing it is stopped at once and ends ``killed``.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
-    workdir = new_trial_dir(root)
+    try:
+        workdir = new_trial_dir(root)
+        request = _request(
+            workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans
+        )
+        request.write(workdir / "request.json")
+    except OSError as e:
+        if (fault := write_fault(e)) is None:
+            raise
+        raise files_fault(root / "trials", fault) from e
     watch = RankWatch(workdir / "progress.json")
-    request = _request(workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans)
-    request.write(workdir / "request.json")
     launch = Launch(
         argv=tuple(command.argv(batch_size, grad_accum)),
         env=command.env(_trial_env(request, workdir, device, environ, command, backend, root)),
@@ -196,7 +204,12 @@ def run_trial(
         ),
     )
     before = LoadSnapshot.now()
-    exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
+    try:
+        exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
+    except OSError as e:  # its logs could not be opened
+        if (fault := write_fault(e)) is None:
+            raise
+        raise files_fault(workdir, fault) from e
     load = before.until(LoadSnapshot.now())
     if exit_info.cpu_seconds is not None and exit_info.wall_seconds > 0:
         load = dataclasses.replace(load, cpu_per_wall=exit_info.cpu_seconds / exit_info.wall_seconds)
@@ -206,6 +219,10 @@ def run_trial(
         merge_reports(reports, started) if reports or started else _read_report(Path(request.report_path))
     )
     outcome, error = classify(exit_info, report, settings)
+    if outcome is not Outcome.COMPLETE and (refused := unwritable(workdir)) is not None:
+        raise files_fault(
+            workdir, refused
+        )  # the trial could not write its report: the storage, not the script
     if outcome is Outcome.FAILED:
         error = "\n".join(filter(None, [error, tail(workdir / "stderr.log")]))
     ranks = _rank_results(reading, reports, exit_info, ceiling)
@@ -275,8 +292,8 @@ def _trial_env(
     trial)."""
     env = {
         **{
-            k: v for k, v in environ.items() if k != STORAGE_ENV
-        },  # a trial needs no database, nor its password
+            k: v for k, v in environ.items() if k not in NOT_FOR_TRIALS
+        },  # a trial needs no database, nor its password, nor the job key
         **device.child_env(),
         REQUEST_ENV: str(workdir / "request.json"),
         BATCH_SIZE_ENV: str(request.batch_size),

@@ -15,7 +15,8 @@ from autotune.search.resolve import resolve
 from autotune.search.study import open_study
 from autotune.search.verify import verify_step
 from autotune.storage import JobRow, JobState, Store
-from autotune.workers.jobs import JobRefused, spec_of
+from autotune.workers.jobs import JobRefused, command_line, spec_of
+from autotune.workers.signing import Trust
 
 
 class JobWork:
@@ -30,11 +31,14 @@ class JobWork:
         reporter: Reporter,
         worker: str,
         stop: threading.Event,
+        trust: Trust,
         nvml: Any = None,
     ) -> None:
+        """Raises JobRefused: the job is not one this worker may run (jobs.spec_of)."""
         self.job, self.store, self.environ, self.nvml = job, store, environ, nvml
         self.reporter, self.worker, self.stop = reporter, worker, stop
-        self.spec = spec_of(job, storage_url, cache, device)
+        self.spec, verified = spec_of(job, storage_url, cache, device, trust.key, trust.allow_unsigned)
+        reporter.note(f"job {job.study_name}: {verified}; runs {command_line(job)}")
         self.search: Search | None = None
         self.trials = 0  # trials this thread measured for the job (probe and verifications included)
 

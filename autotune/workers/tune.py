@@ -25,7 +25,7 @@ from typing import Any
 
 import optuna
 
-from autotune.core.errors import NoFitError, ScriptError
+from autotune.core.errors import NoFitError, ScriptError, StorageError, StorageFault
 from autotune.hardware.devices import Device, device_groups, gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
@@ -38,6 +38,7 @@ from autotune.search.verify import verify
 from autotune.storage import JobState
 from autotune.trials.interrupts import InterruptShield
 from autotune.workers.jobs import job_row
+from autotune.workers.signing import JobKey, Trust, load_key
 from autotune.workers.worker import Worker
 
 
@@ -65,6 +66,7 @@ def _tune(
     spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any, shield: InterruptShield
 ) -> TuneResult:
     worker = worker_id()
+    key = load_key(env) or JobKey.of_this_run()  # checked before the probe; signs the job its helpers run
     job = resolve(spec, env, reporter, nvml, worker, shield=shield)
     name = job.study_row.study_name
     if spec.force:
@@ -74,7 +76,9 @@ def _tune(
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, stopped=None, cached=True)
     study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
-    job.store.submit_job(job_row(spec, name, worker, JobState.RUNNING))
+    row = job_row(spec, name, worker, JobState.RUNNING, key)
+    if job.store.submit_job(row).signature != row.signature:
+        job.store.replace_job(row)  # an earlier run's job, or one submitted with another key: this run's now
     job.store.set_job_state(name, JobState.RUNNING)
     search = job.search(study, reporter, worker)
     if recovered := search.recovery.recover():
@@ -82,12 +86,16 @@ def _tune(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
     helpers = _helper_devices(spec, job.device, env, nvml)
-    with Heartbeat(job.store, worker), _helping(spec, name, helpers, env, reporter, nvml):
+    with Heartbeat(job.store, worker), _helping(spec, name, helpers, env, reporter, nvml, key):
         try:
             stopped = search.run()
             best = verify(search, spec.verify_settings)
         except (ScriptError, NoFitError) as e:
             job.store.set_job_state(name, JobState.FAILED, str(e))
+            raise
+        except StorageFault as e:  # open again, for the next run or a worker, once the storage is fixed
+            with contextlib.suppress(StorageError):
+                job.store.set_job_state(name, JobState.OPEN, f"interrupted: {e}")
             raise
     return job.result(best, study, search.trials_run + job.probes_run, stopped)
 
@@ -106,7 +114,13 @@ def _helper_devices(spec: TuneSpec, device: Device, env: Mapping[str, str], nvml
 
 @contextlib.contextmanager
 def _helping(
-    spec: TuneSpec, study: str, devices: tuple[str, ...], env: dict[str, str], reporter: Reporter, nvml: Any
+    spec: TuneSpec,
+    study: str,
+    devices: tuple[str, ...],
+    env: dict[str, str],
+    reporter: Reporter,
+    nvml: Any,
+    key: JobKey,
 ) -> Iterator[None]:
     """Run this job's trials on ``devices`` too while the block runs: a Worker restricted to the job, in a
     thread of this process, sharing the work through the leases like any other worker. On leaving (done,
@@ -123,6 +137,7 @@ def _helping(
         jobs=(study,),
         say=reporter.note,
         nvml=nvml,
+        trust=Trust(key),
     )
 
     def work() -> None:

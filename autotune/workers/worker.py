@@ -1,7 +1,8 @@
 """The daemon: ``autotune worker`` runs the trials of open jobs (``autotune submit``, autotune.workers.submit,
 records them).
 
-A worker runs one thread per device, each one trial at a time, and a heartbeat thread. Workers on any
+A worker runs only jobs signed with the key it holds (autotune.workers.signing), and says what each runs.
+It runs one thread per device, each one trial at a time, and a heartbeat thread. Workers on any
 number of hosts cooperate through the database alone (leases, autotune.search.loop): no home-made protocol.
 
     submit ──► autotune_jobs (open)
@@ -36,6 +37,7 @@ from autotune.trials.interrupts import StopRequested
 from autotune.workers.jobs import JobRefused
 from autotune.workers.jobwork import JobWork
 from autotune.workers.lines import LineReporter
+from autotune.workers.signing import Trust, load_key
 
 POLL_SECONDS = 1.0
 
@@ -90,8 +92,18 @@ class Worker:
         jobs: tuple[str, ...] | None = None,
         say: Callable[[str], None] | None = None,
         nvml: Any = None,
+        trust: Trust | None = None,
     ) -> None:
-        """``say``: where the worker's lines go (the CLI: stderr; tune()'s helpers: the run's notes)."""
+        """``say``: where the worker's lines go (the CLI: stderr; tune()'s helpers: the run's notes).
+        ``trust``: the key jobs must be signed with (default: the one ``environ`` gives, autotune.workers.
+        signing; no unsigned jobs).
+
+        Raises:
+            InputError: no key, and unsigned jobs not allowed; a bad key file.
+        """
+        self.trust = (
+            trust if trust is not None else Trust(load_key(os.environ if environ is None else environ))
+        )
         self.storage_url = storage_url
         self.store = open_store(storage_url)
         self.devices = devices
@@ -206,6 +218,7 @@ class Worker:
                     reporter,
                     self.worker,
                     self.stop,
+                    self.trust,
                     self.nvml,
                 )
             work = works[name]
@@ -215,7 +228,7 @@ class Worker:
             works.pop(name, None)
             with self._lock:
                 self.summary.refused[name] = str(e)
-            reporter.note(f"refusing job {name}: {e}")
+            reporter.note(f"refused: {e}")
             return None
         except (ScriptError, NoFitError) as e:
             works.pop(name, None)

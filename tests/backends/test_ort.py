@@ -107,6 +107,7 @@ def test_ortmodule_trains_with_pytorch_s_losses_and_an_export_cache_per_workload
     assert max(abs(a - b) for a, b in zip(other, reference[: len(other)], strict=True)) < 1e-5
 
 
+@pytest.mark.compat  # ORT's exports: CI's compatibility phase (core suite time)
 def test_the_probe_lists_ort_s_plans_with_numeric_savings(tmp_path) -> None:
     proc = autotune(
         "probe",

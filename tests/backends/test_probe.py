@@ -200,6 +200,7 @@ def test_probe_json_schema_and_the_candidates_of_the_example_transformer(gpt_pro
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # example-transformer trials (a session fixture): CI's compatibility phase (core suite time)
 def test_predicted_saving_of_all_is_within_25_percent_of_the_measured(gpt_probe, example_peaks) -> None:
     measured = example_peaks["none"]["peak_bytes"] - example_peaks["all"]["peak_bytes"]
     predicted = next(r for r in gpt_probe["candidates"] if r["plan"] == "Block:1")["saving_bytes"]
@@ -208,6 +209,7 @@ def test_predicted_saving_of_all_is_within_25_percent_of_the_measured(gpt_probe,
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # example-transformer trials (a session fixture): CI's compatibility phase (core suite time)
 def test_an_operator_level_plan_saves_memory(example_peaks, tmp_path) -> None:
     """Its speed against full checkpointing depends on the machine (faster here on the CPU for wide models,
     slower on an H100 for this tiny one): that is bench/plans.py's figure, not a test's assertion."""

@@ -136,6 +136,7 @@ def test_python_dash_c_is_refused(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # example-transformer trials (a session fixture): CI's compatibility phase (core suite time)
 def test_checkpointing_all_lowers_the_measured_peak_of_the_example_transformer(example_peaks) -> None:
     none, full = example_peaks["none"], example_peaks["all"]
     assert (none["plan"], full["plan"]) == ("none", "Block:1")

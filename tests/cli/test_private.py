@@ -1,6 +1,6 @@
 """Private by default (issue 27, item 5): what autotune writes under its cache dir is its user's alone, whatever
 the umask (before: folders 0755, the database, logs and request files 0644, holding every job's command and
-whatever the script prints), and the database URL (password included) is not in a trial's environment
+whatever the script prints), and the database URL (password included) and the job key are not in a trial's environment
 (before: readable by the training script and anything it spawns). A trial's own files keep the user's umask."""
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ def test_the_cache_dir_s_files_are_private_and_a_trial_never_sees_the_storage_ur
     cache = tmp_path / "cache"
     cache.mkdir()
     names = tmp_path / "env.txt"
-    env = {**os.environ, "AUTOTUNE_STORAGE": f"sqlite:///{cache / 'autotune.db'}"}
+    env = {
+        **os.environ,
+        "AUTOTUNE_STORAGE": f"sqlite:///{cache / 'autotune.db'}",
+        "AUTOTUNE_JOB_KEY_FILE": "/k",
+    }
     argv = [AUTOTUNE, "run", "--device", "cpu", "--budget", "200MiB", "--batch-sizes", "4", "--plans", "none",
             "--trials", "1", "--steps", "2", "--warmup-steps", "1", "--cache-dir", str(cache), "--", "python",
             str(SYNTHETIC), "--env-file", str(names)]  # fmt: skip
@@ -25,7 +29,8 @@ def test_the_cache_dir_s_files_are_private_and_a_trial_never_sees_the_storage_ur
                          text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
 
-    assert "AUTOTUNE_STORAGE" not in names.read_text().split()
+    seen = names.read_text().split()
+    assert [n for n in ("AUTOTUNE_STORAGE", "AUTOTUNE_JOB_KEY", "AUTOTUNE_JOB_KEY_FILE") if n in seen] == []
     assert "AUTOTUNE_BATCH_SIZE" in names.read_text().split()  # what a trial needs is there
     assert stat.S_IMODE(names.stat().st_mode) == 0o644  # the script's own file: the user's umask
     assert stat.S_IMODE((cache / "autotune.db").stat().st_mode) == 0o600

@@ -34,22 +34,27 @@ def measure(accumulation_option: str, **accumulation: int) -> TrialResult:
 
 
 def samples_per_step(result: TrialResult) -> float:
+    """The median samples/s times the median step time: exact for an odd count of steps; for an even one
+    (a trial measures on until its reading is tight: any count) the two middle steps' times differ, and a
+    loaded machine read 32.002. Asserted to 5%: 32 apart from 8 or 16 (the samples of one micro-batch, or
+    of a half-counted step), whatever the load."""
     assert result.samples_per_sec is not None
-    # the median samples/s times the median step time: exact for an odd count of steps, to a few parts in a
-    # million for an even one (a trial measures on until its reading is tight: any count)
-    return round(result.samples_per_sec * statistics.median(result.step_seconds), 3)
+    return result.samples_per_sec * statistics.median(result.step_seconds)
 
 
 def test_a_global_batch_accumulates_through_the_template_and_counts_every_sample() -> None:
     result = measure("{grad_accum}", global_batch=32)
     assert result.outcome is Outcome.COMPLETE, result.error
-    assert (result.grad_accum, result.micro_batches, samples_per_step(result)) == (4, 4, 32)
+    assert (result.grad_accum, result.micro_batches) == (4, 4) and samples_per_step(result) == pytest.approx(
+        32, rel=0.05
+    )
 
 
 def test_the_trainer_s_own_accumulation_is_counted() -> None:
     result = measure("4")
     assert result.outcome is Outcome.COMPLETE, result.error
-    assert (result.grad_accum, result.micro_batches, samples_per_step(result)) == (None, 4, 32)
+    assert (result.grad_accum, result.micro_batches) == (None, 4)
+    assert samples_per_step(result) == pytest.approx(32, rel=0.05)
 
 
 def test_a_trainer_that_ignores_the_asked_accumulation_fails_saying_so() -> None:

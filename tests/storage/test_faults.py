@@ -167,8 +167,6 @@ def test_a_damaged_file_names_the_backup_autotune_kept(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("damage", "argv"),
     [
-        ("UPDATE autotune_studies SET space = '{cut short'", ["best"]),
-        ("UPDATE autotune_studies SET space = '{cut short'", ["studies"]),
         ("UPDATE trial_user_attributes SET value_json = '{bad' WHERE key = 'peak_bytes'", ["show", "dmg"]),
         ("UPDATE trial_user_attributes SET value_json = '{bad' WHERE key = 'peak_bytes'", ["report", "dmg"]),
     ],
@@ -194,3 +192,30 @@ def test_damage_inside_a_row_is_one_line_naming_the_database(
         r"\(JSONDecodeError: .+\); restore it from a backup, or tune into another --cache-dir or --storage",
         one_line(proc),
     ), proc.stderr
+
+
+def test_a_study_row_with_damaged_json_is_skipped_with_one_line(tmp_path: Path) -> None:
+    """Issue 27: one damaged study row must not stop `studies` from listing the others (before: exit 5 for
+    the whole table); what asks for that study finds none, after the line that says why."""
+    for study, seed in (("dmg", "1"), ("fine", "2")):
+        tuned = autotune(
+            "run", "--budget", "1GiB", "--trials", "2", "--plans", "none", "--batch-sizes", "1-4", "--steps", "1",
+            "--warmup-steps", "1", "--device", "cpu", "--study", study, "--cache-dir", str(tmp_path),
+            str(SYNTHETIC), "--", "--base-mib", "8", "--step-seconds", "0.01", "--seed", seed,
+        )  # fmt: skip
+        assert tuned.returncode == 0, tuned.stderr
+    path = tmp_path / "autotune.db"
+    with sqlite3.connect(path) as conn:
+        assert (
+            conn.execute("UPDATE autotune_studies SET space = '{cut short' WHERE study_name = 'dmg'").rowcount
+            == 1
+        )
+    skipped = (
+        f"database sqlite:///{path}: skipping study 'dmg': its space is not JSON (Expecting property name "
+        "enclosed in double quotes at character 1)"
+    )
+    listed = autotune("studies", "--cache-dir", str(tmp_path))
+    assert (listed.returncode, listed.stderr) == (0, skipped + "\n")
+    assert [line.split()[0] for line in listed.stdout.splitlines()].count("fine") == 1
+    asked = autotune("best", "--study", "dmg", "--cache-dir", str(tmp_path))
+    assert asked.returncode == 2 and asked.stderr.splitlines()[0] == skipped

@@ -29,6 +29,7 @@ def compiled_trial(cache: Path, *args: str, environ: dict[str, str] | None = Non
     return measure(spec, environ=environ)
 
 
+@pytest.mark.compat  # compiles in real trials: CI's compatibility phase (core suite time)
 def test_a_workload_compiles_once_and_its_later_trials_reuse_the_graphs(tmp_path: Path) -> None:
     # importing torch's inductor writes torch's default folder into the environment (a test process or a
     # notebook that compiled something has it): nobody's choice, and the workload's own folder is used

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
@@ -22,6 +23,7 @@ from autotune.core.budget import parse_budget
 from autotune.search.spec import TuneSpec
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
+from autotune.workers.signing import JobKey
 from autotune.workers.tune import tune
 
 from conftest import (
@@ -29,6 +31,7 @@ from conftest import (
     ROOT,
     SCRIPTS,
     SYNTHETIC,
+    TEST_JOB_KEY,
     signal_as_a_trial_starts,
     stored_trials,
     trial_pids,
@@ -122,6 +125,11 @@ def test_three_workers_share_a_job_with_nothing_lost_or_duplicated(tmp_path, sto
     ran_by = {t.user_attrs["worker"] for t in measured(found)}
     assert len(ran_by) >= 2, ran_by  # the work was shared
     assert all("Traceback" not in err for _, err in outputs), outputs
+    says = re.compile(  # every worker says what it runs, and that the job's signature verified
+        rf"\[cpu\] job shared: signature verified \(key [0-9a-f]{{8}}\); runs {re.escape(str(SYNTHETIC))} "
+        rf"{re.escape(MODEL)} --step-seconds 0\.1 \(in {re.escape(os.getcwd())}\)"
+    )
+    assert all(says.search(err) for _, err in outputs), outputs
 
 
 def test_a_killed_worker_s_trial_is_retried_once_by_the_others(tmp_path, storage) -> None:
@@ -224,7 +232,11 @@ def test_an_outside_lock_held_for_twice_the_busy_timeout_loses_nothing(tmp_path,
     assert proc.returncode == 0, err
     assert "AssertionError" not in err and "Traceback" not in err, err
     if storage.startswith("sqlite"):  # PostgreSQL waits for the lock instead of failing
-        assert "database busy or unreachable, retrying: (sqlite3.OperationalError) database is locked" in err
+        path = storage.removeprefix("sqlite:///")  # the line says what it waits for, and for how long at most
+        assert (
+            f"the database {path} is busy or unreachable, retrying for up to 10 min: "
+            "(sqlite3.OperationalError) database is locked"
+        ) in err
     found = assert_finished_cleanly(storage, "locked", 6)
     assert [t.number for t in found if t.state == TrialState.FAIL] == []
 
@@ -239,10 +251,7 @@ def test_a_worker_refuses_a_job_whose_script_differs_here(tmp_path) -> None:
     proc = worker(storage, tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert (
-        f"[cpu] refusing job theirs: job theirs: this host's {script} differs from the submitted script"
-        in err
-    )
+    assert f"[cpu] refused: job theirs: this host's {script} differs from the submitted script" in err
     assert job_state(storage, "theirs") == "open"
 
 
@@ -266,6 +275,7 @@ def test_bad_devices_are_one_line() -> None:
     )
 
 
+@pytest.mark.scale  # a worker process for most of a minute: the scale phase's kind of test
 def test_a_worker_soak_keeps_fds_and_memory_stable(tmp_path) -> None:
     """bench/soak.py with 80 trials in 8 jobs (its default, 500 in 20, is in bench/results/soak-cpu.txt).
 
@@ -306,7 +316,7 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     )
     assert proc.returncode == 0, proc.stderr
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0005",)]
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0006",)]
         assert conn.execute("SELECT count(*) FROM autotune_leases").fetchall() == [(0,)]
         # 0004: the constraint in the list form optuna-dashboard reads, and only there
         stored = "SELECT key, value_json FROM trial_system_attributes WHERE key LIKE 'constraints%' ORDER BY trial_id"
@@ -349,7 +359,8 @@ def test_run_with_helper_devices_runs_trials_of_its_job_in_parallel(tmp_path) ->
         cache_dir=tmp_path,
         study="helped",
     )
-    result = tune(spec, environ=dict(os.environ))
+    unkeyed = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_JOB_KEY"}  # no shared key: run's own
+    result = tune(spec, environ=unkeyed)
     trials = stored_trials(f"sqlite:///{tmp_path / 'autotune.db'}", "helped")
     measured = [t for t in trials if t.user_attrs.get("kind") == "measured" and "outcome" in t.user_attrs]
     assert len(measured) == 8
@@ -359,6 +370,11 @@ def test_run_with_helper_devices_runs_trials_of_its_job_in_parallel(tmp_path) ->
     assert _overlapping(measured)  # the helper really ran beside the main search
     assert result.best.batch_size == 32
     assert trial_pids(tmp_path) == []
+    with sqlite3.connect(tmp_path / "autotune.db") as db:  # signed with a key of the run's own, no one else's
+        signature = db.execute("SELECT signature FROM autotune_jobs WHERE study_name = 'helped'").fetchone()[
+            0
+        ]
+    assert signature.startswith("v1:") and signature.split(":")[1] != JobKey(TEST_JOB_KEY.encode(), "").key_id
 
 
 def test_run_with_device_auto_uses_every_gpu(tmp_path) -> None:
