@@ -25,6 +25,7 @@ PROBE_BATCH_SIZE = 4  # small: the probe's instruments cost memory, and its savi
 if TYPE_CHECKING:
     from autotune.hardware.doctor import Check
     from autotune.results.best import BestAnswer
+    from autotune.results.cleanup import Collected
     from autotune.results.listing import StudyReport, StudySummary
     from autotune.results.report import Written
     from autotune.search.reporting import Reporter
@@ -174,6 +175,21 @@ def studies(*, storage: str | None = None, cache_dir: Path | None = None) -> lis
     from autotune.results.listing import studies as list_studies
 
     return list_studies(open_default(storage, cache_dir))
+
+
+def gc(*, dry_run: bool = False, storage: str | None = None, cache_dir: Path | None = None) -> Collected:
+    """Remove the trial folders of finished studies from the cache dir, keeping those of trials that ended
+    with an error (``show`` and ``report`` point to their logs); ``dry_run`` counts them only.
+
+    Raises:
+        InputError: no database there. StorageError: the database.
+    """
+    from autotune.core.paths import cache_dir as default_cache_dir
+    from autotune.results.best import open_default
+    from autotune.results.cleanup import collect
+
+    store = open_default(storage, cache_dir, must_exist=True)
+    return collect(store, default_cache_dir(cache_dir, create=False), dry_run)
 
 
 def show(study: str, *, storage: str | None = None, cache_dir: Path | None = None) -> StudyReport:

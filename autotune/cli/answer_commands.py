@@ -132,3 +132,23 @@ def report(
     out.print(f"wrote {written.html} ({written.plotted})", markup=False)
     if written.png is not None:
         out.print(f"wrote {written.png}", markup=False)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@storage_option()
+@DEFAULT_DB
+def gc(dry_run: bool, storage: str | None, cache_dir: Path | None) -> None:
+    """Remove the trial folders of finished studies (done or failed) from the cache dir. The folders of
+    trials that ended with an error are kept (show and report point to their logs), and a study still
+    open or running is not touched; answers, reports and show read the database, not these folders."""
+    from autotune.core.budget import format_bytes
+
+    quiet_optuna()
+    done = api.gc(dry_run=dry_run, storage=storage, cache_dir=cache_dir)
+    verb = "would remove" if dry_run else "removed"
+    click.echo(
+        f"{verb} {done.removed} trial folder(s) ({format_bytes(done.bytes)}) of {done.studies} finished "
+        f"stud{'y' if done.studies == 1 else 'ies'}; kept {done.kept} of trials that ended with an error; "
+        f"{len(done.unfinished)} open or running stud{'y' if len(done.unfinished) == 1 else 'ies'} not touched"
+    )

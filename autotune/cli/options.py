@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from autotune.core.budget import DEFAULT_HEADROOM
+from autotune.core.budget import DEFAULT_HEADROOM, parse_budget
+from autotune.core.errors import InputError
 from autotune.core.protocol import STORAGE_ENV
 from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
 from autotune.trials.settings import TrialSettings
@@ -123,6 +124,28 @@ WITH_SAVE = click.option(
     help="Each trial also saves a checkpoint once after its measured steps (into the trial's folder, then "
     "deleted), and its peak counts against the budget; found like --with-eval (autotune.due('save')).",
 )
+
+
+def _log_limit(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """``16MiB`` as bytes; ``0``: no limit."""
+    if value.strip() == "0":
+        return 0
+    try:
+        size = parse_budget(value)
+    except InputError as e:
+        raise click.BadParameter(str(e)) from None
+    if size.absolute_bytes is None:
+        raise click.BadParameter(f"expected a size such as 16MiB, got {value!r}")
+    return size.absolute_bytes
+
+
+LOG_LIMIT = click.option(
+    "--log-limit",
+    default="16MiB",
+    show_default=True,
+    callback=_log_limit,
+    help="Keep the last this much of each trial's stdout and stderr (0: all of it).",
+)
 DEVICE = click.option(
     "--device",
     default="auto",
@@ -158,6 +181,7 @@ def trial_options(command: F) -> F:
             TIGHT,
             WITH_EVAL,
             WITH_SAVE,
+            LOG_LIMIT,
             DEVICE,
             TIMEOUT,
             STARTUP_TIMEOUT,
@@ -242,6 +266,7 @@ def settings_of(options: dict[str, Any]) -> TrialSettings:
         options["timeout"],
         warmup_max=options["warmup_max"],
         tight=options["tight"],
+        log_limit=options["log_limit"],
         phases=tuple(
             phase
             for phase, asked in (("eval", options["with_eval"]), ("save", options["with_save"]))

@@ -1,5 +1,5 @@
 """The trial shim: a tiny process between the tuner and a trial. Standard library only, run as
-``python -I -S _shim.py RESULT TUNER_PID GRACE -- COMMAND...``.
+``python -I -S _shim.py RESULT TUNER_PID GRACE LOG_LIMIT -- COMMAND...``.
 
 Why it exists (docs/reliability.md §1, §2, §7):
 
@@ -15,6 +15,12 @@ seconds, then SIGKILL. SIGTERM (PR_SET_PDEATHSIG when the tuner dies, or anyone 
 two must differ: PDEATHSIG fires when the tuner *thread* that started the shim exits, and under SIGKILL
 that thread can die before the tuner's other threads, so getppid() may still name the tuner. It writes
 RESULT (JSON) and exits 0.
+
+The trial's stdout and stderr come to the shim through pipes and go to ``stdout.log`` and ``stderr.log``
+beside RESULT, each keeping its last LOG_LIMIT bytes (0: all of it): a log past the limit is set aside
+once, a new one started, and at the end the two are joined to the last LOG_LIMIT bytes under a line that
+says how much was dropped. A log never holds more than twice LOG_LIMIT on disk (issue 27: one
+configuration's trials left 951 MiB of stdout).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -91,8 +98,80 @@ def kill_everything(deadline_s: float = 10.0) -> None:
         reap()
 
 
-def wait_trial(pid: int, grace: float) -> tuple[int, resource.struct_rusage, bool]:
-    """wait4 the trial's main process, stopping it if asked to: (status, rusage, stopped)."""
+class TailLog:
+    """A log file that keeps its last ``limit`` bytes (0: everything): past the limit the file is set aside
+    as ``PATH.old`` (the one before it dropped) and a new one begun; ``close`` joins the two."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        self.path, self.limit, self.dropped = path, limit, 0
+        self.file = open(path, "ab")  # noqa: SIM115 (kept open for the trial's life; closed by close())
+        self.size = self.file.tell()
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.size += len(data)
+        if self.limit and self.size > self.limit:
+            self.file.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.dropped += os.path.getsize(self.path + ".old")
+            os.replace(self.path, self.path + ".old")
+            self.file, self.size = open(self.path, "ab"), 0  # noqa: SIM115
+
+    def close(self) -> None:
+        self.file.close()
+        old = self.path + ".old"
+        if not os.path.exists(old):
+            return
+        keep = max(0, self.limit - self.size)
+        with open(old, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            self.dropped += max(0, f.tell() - keep)
+            f.seek(max(0, f.tell() - keep))
+            kept = f.read()
+        cut = kept.find(b"\n", 0, 4096) + 1 if len(kept) == keep else 0  # from a line's start, if one is near
+        self.dropped, kept = self.dropped + cut, kept[cut:]
+        with open(self.path, "rb") as f:
+            last = f.read()
+        note = f"[autotune: the first {self.dropped} bytes of this log were dropped (--log-limit {self.limit})]\n"
+        with open(self.path + ".tmp", "wb") as f:
+            f.write(note.encode() + kept + last)
+        os.replace(self.path + ".tmp", self.path)
+        os.unlink(old)
+
+
+def pump(pipes: dict[int, TailLog], timeout: float) -> None:
+    """Move what the trial wrote into its logs, waiting up to ``timeout`` for something to arrive; a pipe at
+    its end (every writer gone) is closed and forgotten."""
+    if not pipes:
+        time.sleep(timeout)
+        return
+    ready, _, _ = select.select(list(pipes), [], [], timeout)
+    for fd in ready:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            continue
+        if data:
+            pipes[fd].write(data)
+        else:
+            os.close(fd)
+            pipes.pop(fd).close()
+
+
+def drain(pipes: dict[int, TailLog]) -> None:
+    """Everything left in the pipes once every writer is gone, then the logs closed."""
+    deadline = time.monotonic() + 10.0  # a writer that escaped every kill must not hold the shim forever
+    while pipes and time.monotonic() < deadline:
+        pump(pipes, 0.1)
+    for fd, log in pipes.items():
+        os.close(fd)
+        log.close()
+    pipes.clear()
+
+
+def wait_trial(pid: int, grace: float, pipes: dict[int, TailLog]) -> tuple[int, resource.struct_rusage, bool]:
+    """wait4 the trial's main process, moving its output into its logs and stopping it if asked to:
+    (status, rusage, stopped)."""
     kill_at: float | None = None
     while True:
         got, status, usage = os.wait4(pid, os.WNOHANG)
@@ -108,14 +187,19 @@ def wait_trial(pid: int, grace: float) -> tuple[int, resource.struct_rusage, boo
             if now >= kill_at:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
+        pump(pipes, 0.02)
 
 
-def start_trial(argv: list[str], shim_pid: int) -> int:
+def start_trial(argv: list[str], shim_pid: int, outputs: tuple[int, int] | None) -> int:
+    """Fork and exec the trial; ``outputs``: the write ends of its stdout and stderr pipes (None: the
+    shim's own stdout and stderr)."""
     pid = os.fork()
     if pid:
         return pid
     try:
+        if outputs is not None:
+            os.dup2(outputs[0], 1)
+            os.dup2(outputs[1], 2)
         os.setsid()
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != shim_pid:
@@ -132,8 +216,13 @@ def start_trial(argv: list[str], shim_pid: int) -> int:
 
 
 def main() -> None:
-    result_path, tuner_pid, grace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    argv = sys.argv[5:]
+    result_path, tuner_pid, grace, log_limit = (
+        sys.argv[1],
+        int(sys.argv[2]),
+        float(sys.argv[3]),
+        int(sys.argv[4]),
+    )
+    argv = sys.argv[6:]
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     signal.signal(signal.SIGTERM, _on_stop)
@@ -143,9 +232,19 @@ def main() -> None:
     )  # blocked by the tuner until now
     if os.getppid() != tuner_pid:  # the tuner died before PDEATHSIG was armed
         return
-    pid = start_trial(argv, os.getpid())
-    status, usage, stopped = wait_trial(pid, grace)
+    folder = os.path.dirname(result_path)
+    pipes, ends = {}, []
+    for name in ("stdout.log", "stderr.log"):
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        pipes[read] = TailLog(os.path.join(folder, name), log_limit)
+        ends.append(write)
+    pid = start_trial(argv, os.getpid(), (ends[0], ends[1]))
+    for end in ends:
+        os.close(end)  # the trial's processes hold the write ends now: EOF once they are all gone
+    status, usage, stopped = wait_trial(pid, grace, pipes)
     kill_everything()
+    drain(pipes)
     result = {
         "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,

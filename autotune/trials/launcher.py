@@ -56,6 +56,9 @@ class Launch:
     ended: Callable[[], bool] | None = None
     settle: Settle | None = None  # a verification that runs on until its peak stops growing
     host_budget: int | None = None  # bytes of host memory the trial's tree may hold (None: no limit)
+    log_limit: int = (
+        0  # bytes of stdout.log and of stderr.log kept, the last ones (0: all; the shim caps them)
+    )
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ def _start_shim(launch: Launch) -> subprocess.Popen[bytes]:
         str(result_path),
         str(os.getpid()),
         str(launch.grace),
+        str(launch.log_limit),
         "--",
     ]
     with (

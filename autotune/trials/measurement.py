@@ -195,6 +195,7 @@ def run_trial(
         cwd=Path(command.cwd) if command.cwd else None,
         ceiling=ceiling,
         host_budget=host_budget if host_budget is not None else default_host_budget(),
+        log_limit=settings.log_limit,
         ranks=watch if command.launcher else None,
         ended=lambda: rank_failed(request.report_path),
         settle=(

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from autotune.core.errors import InputError
 from autotune.core.protocol import PHASES
 
+DEFAULT_LOG_LIMIT = 16 * 2**20
+MIN_LOG_LIMIT = 64 * 2**10
+
 
 @dataclass(frozen=True)
 class TrialSettings:
@@ -32,6 +35,9 @@ class TrialSettings:
     # a quarter of the trial's start-up and 10 s: issue 31's GPU trials started for ~18 s and measured 5
     # steps in 0.35 s, and readings of one configuration ranged 27.5-37.9 samples/s (0: a fixed count)
     tight: float = 0.03
+    # bytes of each of a trial's stdout.log and stderr.log kept, the last ones (0: all of it): issue 27 found
+    # 951 MiB of one configuration's output; an error needs its last lines (autotune.trials._shim.TailLog)
+    log_limit: int = DEFAULT_LOG_LIMIT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phases", tuple(self.phases))  # a job's stored settings give a list
@@ -46,6 +52,10 @@ class TrialSettings:
             raise InputError(f"measured steps must be at least 1, got {self.measured_steps}")
         if not 0 <= self.tight < 1:
             raise InputError(f"--tight must be a share from 0 up to below 1, got {self.tight}")
+        if self.log_limit and self.log_limit < MIN_LOG_LIMIT:
+            raise InputError(
+                f"--log-limit must be 0 (keep all) or at least 64 KiB, got {self.log_limit} bytes"
+            )
         for name in ("startup_timeout", "timeout", "grace"):
             if not getattr(self, name) > 0:
                 raise InputError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)}")

@@ -29,7 +29,8 @@ def help_gaps(group: click.Group, name: str) -> list[str]:
 
 def test_every_command_is_listed() -> None:
     assert COMMANDS == [
-        "best", "doctor", "measure", "probe", "report", "run", "show", "studies", "submit", "worker"
+        "best", "doctor", "gc", "keygen", "measure", "probe", "report", "run", "show", "studies", "submit",
+        "worker",
     ]  # fmt: skip
 
 

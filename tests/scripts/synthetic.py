@@ -98,6 +98,7 @@ def main() -> None:
     )
     p.add_argument("--state-dir", default=None, help="where trials of each configuration are counted")
     p.add_argument("--seed", type=int, default=None, help="seed of --noise, per configuration and trial")
+    p.add_argument("--chatter-kib", type=int, default=0, help="print this much to stdout and stderr a step")
     p.add_argument(
         "--rank-scale",
         default="",
@@ -193,6 +194,10 @@ def main() -> None:
         if step == 1 and args.kill_launcher_above is not None and batch > args.kill_launcher_above:
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.chatter_kib:
+            line = f"step {step} ".ljust(1023, "x") + "\n"  # 1 KiB lines, numbered
+            sys.stdout.write(line * args.chatter_kib)
+            sys.stderr.write(line * args.chatter_kib)
         spike = touched(args.spike_mib) if step == 1 else None
         time.sleep(step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
         del spike
