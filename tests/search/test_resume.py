@@ -15,6 +15,8 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
+from autotune.storage.schema import HEAD_REVISION
+
 from conftest import (
     AUTOTUNE,
     SYNTHETIC,
@@ -70,7 +72,7 @@ def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
     engine = sqlalchemy.create_engine(storage.replace("postgresql://", "postgresql+psycopg://"))
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("SELECT version_num FROM autotune_alembic_version")).all() == [
-            ("0005",)
+            (HEAD_REVISION,)
         ]
         assert conn.execute(sqlalchemy.text("SELECT count(*) FROM alembic_version")).one() == (
             1,

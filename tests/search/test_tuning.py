@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import cli
+from autotune.storage.schema import HEAD_REVISION
 
 from conftest import SYNTHETIC, MiB, cli_in_a_fresh_interpreter
 
@@ -256,7 +257,10 @@ def test_a_database_written_by_a_newer_autotune_is_refused(tmp_path) -> None:
         conn.execute("UPDATE autotune_alembic_version SET version_num = '9999'")
     result = CliRunner().invoke(cli, ["studies", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 5
-    assert "revision 9999) is newer than this autotune knows (0005): upgrade autotune" in result.output
+    assert (
+        f"revision 9999) is newer than this autotune knows ({HEAD_REVISION}): upgrade autotune"
+        in result.output
+    )
 
 
 def test_an_optuna_database_gains_autotune_tables_and_keeps_its_trials(tmp_path) -> None:
@@ -267,7 +271,9 @@ def test_an_optuna_database_gains_autotune_tables_and_keeps_its_trials(tmp_path)
     assert result.exit_code == 0, result.output
     assert len(optuna.load_study(study_name="theirs", storage=url).trials) == 3
     with sqlite3.connect(tmp_path / "autotune.db") as conn:
-        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [("0005",)]
+        assert conn.execute("SELECT version_num FROM autotune_alembic_version").fetchall() == [
+            (HEAD_REVISION,)
+        ]
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "x" * 129, "tab\there"])

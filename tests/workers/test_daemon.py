@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from autotune.core.budget import parse_budget
 from autotune.search.spec import TuneSpec
+from autotune.storage.schema import HEAD_REVISION
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
 from autotune.workers.signing import JobKey
@@ -331,7 +332,7 @@ def test_a_0001_database_is_backed_up_and_upgraded_keeping_its_trials(tmp_path) 
     assert len(backups) == 1
     with sqlite3.connect(backups[0]) as conn:
         assert conn.execute("SELECT count(*) FROM trials").fetchall() == [(3,)]
-    upgraded = f"autotune upgraded its tables from schema 0001 to 0005; the old one is kept at {backups[0]}"
+    upgraded = f"autotune upgraded its tables from schema 0001 to {HEAD_REVISION}; the old one is kept at {backups[0]}"
     assert upgraded in proc.stderr.decode().splitlines()  # one line says it, with the backup's path
 
 
