@@ -35,9 +35,9 @@ def test_a_compiled_script_is_tuned_over_compile_budgets_and_batch_sizes(tmp_pat
     is the setting to apply."""
     script = str(SCRIPTS / "compiled.py")
     common = ["--device", "cpu", "--cache-dir", str(tmp_path), "--study", "compiled"]
-    budgets = [f"compile:{r}" for r in ("0", "0.5", "0.7", "0.9")]
+    budgets = [f"compile:{r}" for r in ("0", "0.7", "0.9")]  # 0.9's partition is 0.7's on this model
     run = autotune(
-        "run", "--budget", "2GiB", "--batch-sizes", "8-32", "--exhaustive", "--trials", "8", "--steps", "3",
+        "run", "--budget", "2GiB", "--batch-sizes", "8-32", "--exhaustive", "--trials", "6", "--steps", "3",
         "--warmup-steps", "1", "--tight", "0",
         "--plans", ";".join(["none", *budgets]), *common, script, *MODEL,
     )  # fmt: skip
