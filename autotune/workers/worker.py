@@ -17,6 +17,7 @@ the queue (same attempt: a stop is not a fault) and its Optuna trial failed; not
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -26,13 +27,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from autotune.core.errors import InputError, NoFitError, ScriptError
+from autotune.core.errors import InputError, NoFitError, ScriptError, StorageError, StorageFault
 from autotune.hardware.devices import gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
 from autotune.leases.identity import worker_id
 from autotune.search.loop import Step
-from autotune.storage import JobRow, JobState, open_store
+from autotune.storage import JobRow, JobState, LeaseState, open_store
 from autotune.trials.interrupts import StopRequested
 from autotune.workers.jobs import JobRefused
 from autotune.workers.jobwork import JobWork
@@ -237,6 +238,18 @@ class Worker:
                 self.summary.jobs_failed.append(name)
             reporter.note(f"job {name} failed: {str(e).splitlines()[0]}")
             return None
+        except StorageFault as e:  # the worker stops (exit 5); its trial was given back by the search
+            self._interrupted(name, e)
+            raise
         with self._lock:
             self.summary.trials += work.trials - before
         return step
+
+    def _interrupted(self, name: str, fault: StorageFault) -> None:
+        """The job open again where no other worker is running a trial of it (storage it cannot write
+        stops this one): what `studies` shows, and what the next worker takes."""
+        with contextlib.suppress(StorageError):  # the database may be what cannot be written
+            if not self.store.leases(name, states=(LeaseState.RUNNING,)):
+                self.store.set_job_state(
+                    name, JobState.OPEN, f"interrupted: {fault}", only_from=(JobState.RUNNING,)
+                )

@@ -33,23 +33,41 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+JOB = ["--budget", "300MiB", "--batch-sizes", "1-8", "--plans", "none", "--trials", "3", "--exhaustive", "--steps",
+       "4", "--warmup-steps", "1", "--study", "faulted"]  # fmt: skip
+SCRIPT = [
+    str(SYNTHETIC),
+    "--",
+    "--base-mib",
+    "8",
+    "--step-seconds",
+    "0.25",
+]  # a second a trial: time to fault one
+
+
 def tune(cache: Path, storage: Path) -> str:
-    """The shell words of a small run whose trials last a second each (time to fault one)."""
-    argv = [AUTOTUNE, "run", "--device", "cpu", "--budget", "300MiB", "--batch-sizes", "1-8", "--plans", "none",
-            "--trials", "3", "--exhaustive", "--steps", "4", "--warmup-steps", "1", "--study", "faulted",
-            "--cache-dir", str(cache), "--storage", f"sqlite:///{storage / 'autotune.db'}", str(SYNTHETIC), "--",
-            "--base-mib", "8", "--step-seconds", "0.25"]  # fmt: skip
-    return shlex.join(argv)
+    """The shell words of a small run."""
+    where = ["--cache-dir", str(cache), "--storage", f"sqlite:///{storage / 'autotune.db'}"]
+    return shlex.join([AUTOTUNE, "run", "--device", "cpu", *JOB, *where, *SCRIPT])
 
 
-def in_namespace(tmp_path: Path, fault: str, on: str) -> tuple[int, list[str], int, str]:
+def work(cache: Path, storage: Path) -> str:
+    """The shell words of a worker on the submitted job."""
+    where = ["--cache-dir", str(cache), "--storage", f"sqlite:///{storage / 'autotune.db'}"]
+    return shlex.join([AUTOTUNE, "worker", "--once", "--devices", "cpu", *where])
+
+
+def in_namespace(
+    tmp_path: Path, fault: str, on: str, worker: bool = False
+) -> tuple[int, list[str], int, str]:
     """Mount a 4 MiB tmpfs at ``tmp_path/small``; run the tune with ``on`` (``trials``: the cache dir, or
     ``database``) there and the other on this disk; once its second trial has started, ``fault`` the tmpfs
     (``full``: dd fills it; ``read-only``: mounted read-only over itself). Then undo the fault and run the tune again.
-    Returns both runs' exit codes and the first run's stderr lines, with the second's last line."""
+    With ``worker``, the first is a worker on the job submitted before. Returns both runs' exit codes and the
+    first run's stderr lines, with the second's last line; the database as it was between them is mid.db."""
     small, disk = tmp_path / "small", tmp_path / "disk"
     small.mkdir()
-    disk.mkdir()
+    disk.mkdir(exist_ok=True)  # a worker's job was submitted there before
     cache, storage = (small, disk) if on == "trials" else (disk, small)
     if fault == "full":
         act, undo = f"dd if=/dev/zero of={small}/filler bs=64k 2>/dev/null", f"rm -f {small}/filler"
@@ -57,13 +75,14 @@ def in_namespace(tmp_path: Path, fault: str, on: str) -> tuple[int, list[str], i
         act, undo = f"mount --bind {small} {small} && mount -o remount,bind,ro {small}", f"umount {small}"
     script = f"""
 mount -t tmpfs -o size=4m tmpfs {small} || exit 90
-{tune(cache, storage)} > {tmp_path}/first.out 2> {tmp_path}/first.err &
+{work(cache, storage) if worker else tune(cache, storage)} > {tmp_path}/first.out 2> {tmp_path}/first.err &
 pid=$!
 while [ "$(ls {cache}/trials 2>/dev/null | wc -l)" -lt 2 ] && kill -0 $pid 2>/dev/null; do sleep 0.1; done
 sleep 0.3
 {act}
 wait $pid; echo $? > {tmp_path}/first.rc
 {undo}
+cp {storage}/autotune.db {tmp_path}/mid.db
 {tune(cache, storage)} > {tmp_path}/second.out 2> {tmp_path}/second.err; echo $? > {tmp_path}/second.rc
 cp {storage}/autotune.db {tmp_path}/after.db
 """
@@ -118,3 +137,24 @@ def test_a_database_on_a_full_disk_ends_the_run_in_one_line_at_once_and_the_next
     assert second == 0, last
     states, job = stored(tmp_path)
     assert "RUNNING" not in states and job == "done"
+
+
+def test_a_worker_on_a_full_disk_ends_in_one_line_and_leaves_the_job_open_for_the_next(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "disk").mkdir()
+    storage = f"sqlite:///{tmp_path / 'disk' / 'autotune.db'}"
+    submitted = subprocess.run([AUTOTUNE, "submit", *JOB, "--storage", storage, *SCRIPT], capture_output=True, text=True,
+                               timeout=60)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    first, err, second, last = in_namespace(tmp_path, "full", on="trials", worker=True)
+    assert first == 5, err
+    assert err[-1].startswith(f"Error: cannot write the trial files in {tmp_path / 'small' / 'trials'}")
+    with sqlite3.connect(tmp_path / "mid.db") as conn:  # as the worker left it
+        job = conn.execute("SELECT state, error FROM autotune_jobs WHERE study_name = 'faulted'").fetchone()
+        running = conn.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0]
+    assert job[0] == "open" and job[1] == "interrupted: " + err[-1].removeprefix("Error: ")
+    assert running == 0
+    assert second == 0, last  # a run of the same job finishes it
+    states, state = stored(tmp_path)
+    assert "RUNNING" not in states and state == "done"
