@@ -6,16 +6,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import InputError, StorageError
+from autotune.core.names import check_study_name
 
 log = logging.getLogger("autotune.storage")
 _SAID: set[str] = set()  # the damaged-row lines this process printed
+T = TypeVar("T")
 
 
 class Tables:
@@ -32,6 +34,17 @@ class Tables:
                 yield conn
         except sa.exc.SQLAlchemyError as e:
             raise StorageError(f"database {self.display_url}: {first_line(e)}") from e
+
+    def _checked(self, rows: Sequence[Any], parse: Callable[[dict[str, Any]], T], kind: str) -> list[T]:
+        """``rows`` parsed one by one; a damaged one (DamagedRow) skipped with one line naming it."""
+        parsed = []
+        for row in rows:
+            values = dict(row._mapping)
+            try:
+                parsed.append(parse(values))
+            except DamagedRow as e:
+                say_once(f"database {self.display_url}: skipping {kind} {values['study_name']!r}: {e}")
+        return parsed
 
 
 def now() -> dt.datetime:
@@ -66,6 +79,19 @@ def text_of(values: dict[str, Any], column: str, optional: bool = False) -> Any:
     if not isinstance(value, str):
         raise DamagedRow(f"its {column} is not text")
     return value
+
+
+def study_name_of(values: dict[str, Any]) -> str:
+    """The row's study name, which must follow the rule names are given by (core.names): a name a database
+    writer set to ``../x`` would otherwise become a path.
+
+    Raises:
+        DamagedRow: it does not.
+    """
+    try:
+        return check_study_name(text_of(values, "study_name"))
+    except InputError as e:
+        raise DamagedRow(str(e)) from None
 
 
 def json_of(values: dict[str, Any], column: str) -> Any:

@@ -6,10 +6,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.core.errors import InputError, StorageError
-from autotune.core.names import check_study_name
+from autotune.core.errors import StorageError
 from autotune.storage import schema
-from autotune.storage.base import DamagedRow, Tables, json_of, now, say_once, text_of
+from autotune.storage.base import DamagedRow, Tables, json_of, now, study_name_of, text_of
 from autotune.storage.rows import JobRow, JobState
 
 
@@ -50,13 +49,7 @@ class JobTables(Tables):
             query = query.where(table.c.study_name == name)
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        jobs = []
-        for row in rows:
-            try:
-                jobs.append(_job(dict(row._mapping)))
-            except DamagedRow as e:
-                say_once(f"database {self.display_url}: skipping job {row.study_name!r}: {e}")
-        return jobs
+        return self._checked(rows, _job, "job")
 
     def replace_job(self, row: JobRow) -> None:
         """Store ``row``'s spec, scripts and signature over the job of its name (``autotune run`` re-signs
@@ -95,10 +88,7 @@ def _job(values: dict[str, Any]) -> JobRow:
     Raises:
         DamagedRow: a field is not what autotune stores there.
     """
-    try:
-        check_study_name(text_of(values, "study_name"))
-    except InputError as e:
-        raise DamagedRow(str(e)) from None
+    name = study_name_of(values)
     try:
         state = JobState(values["state"])
     except ValueError:
@@ -112,7 +102,7 @@ def _job(values: dict[str, Any]) -> JobRow:
     ):
         raise DamagedRow("its script hashes are not a JSON object of path to sha256")
     return JobRow(
-        study_name=text_of(values, "study_name"),
+        study_name=name,
         script=text_of(values, "script"),
         script_sha256=text_of(values, "script_sha256", optional=True),
         spec=spec,

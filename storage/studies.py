@@ -7,10 +7,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.core.errors import InputError, StorageError
-from autotune.core.names import check_study_name
+from autotune.core.errors import StorageError
 from autotune.storage import schema
-from autotune.storage.base import DamagedRow, Tables, json_of, now, say_once, text_of
+from autotune.storage.base import DamagedRow, Tables, json_of, now, study_name_of, text_of
 from autotune.storage.rows import BestRow, StudyRow, WorkloadRow
 
 
@@ -89,13 +88,7 @@ class StudyTables(Tables):
             query = query.where(table.c.fingerprint == fingerprint)
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        studies = []
-        for row in rows:
-            try:
-                studies.append(_study(dict(row._mapping)))
-            except DamagedRow as e:
-                say_once(f"database {self.display_url}: skipping study {row.study_name!r}: {e}")
-        return studies
+        return self._checked(rows, _study, "study")
 
     def study(self, name: str) -> StudyRow | None:
         return next((row for row in self.studies() if row.study_name == name), None)
@@ -117,10 +110,7 @@ def _study(values: dict[str, Any]) -> StudyRow:
     Raises:
         DamagedRow: a field is not what autotune stores there.
     """
-    try:
-        name = check_study_name(text_of(values, "study_name"))
-    except InputError as e:
-        raise DamagedRow(str(e)) from None
+    name = study_name_of(values)
     budget, headroom, space = values["budget_bytes"], values["headroom"], json_of(values, "space")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
         raise DamagedRow(f"its budget {budget!r} is not a number of bytes")

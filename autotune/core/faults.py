@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.core.errors import StorageFault
@@ -73,3 +74,15 @@ def files_fault(folder: Path, error: OSError) -> StorageFault:
         f"cannot write the trial files in {folder}: {error.strerror or error}; free space or make it writable, "
         "then run again: what was stored is kept"
     )
+
+
+@contextlib.contextmanager
+def writing_trial_files(folder: Path) -> Iterator[None]:
+    """A refused write inside the block (write_fault) becomes the one line for trial files in ``folder``;
+    any other OSError passes as it is."""
+    try:
+        yield
+    except OSError as e:
+        if (fault := write_fault(e)) is None:
+            raise
+        raise files_fault(folder, fault) from e

@@ -30,7 +30,6 @@ ignore FAILed trials and would propose the same OOM again.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 import time
@@ -39,7 +38,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import InputError, NoFitError, ScriptError, StorageError, StorageFault
+from autotune.core.errors import InputError, NoFitError, ScriptError, StorageFault
 from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
@@ -384,9 +383,8 @@ class Search:
         except StopRequested:
             self.recovery.release(lease, trial.number)
             raise
-        except StorageFault as e:  # the configuration goes back to the queue as it was: storage, not it
-            with contextlib.suppress(StorageError):  # the database may be on the full disk too: then the
-                self.recovery.release(lease, trial.number, str(e))  # next run fails the trial (a dead pid)
+        except StorageFault as e:
+            self.recovery.give_back(lease, trial.number, e)
             raise
         tell_result(self.study, trial, result, self.limit)
         self.store.end_lease(lease.id, LeaseState.DONE)

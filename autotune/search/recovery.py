@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 
 import optuna
 from optuna.trial import TrialState
 
+from autotune.core.errors import StorageError, StorageFault
 from autotune.leases.identity import WorkerState, worker_state
 from autotune.leases.watch import LeaseWatch
 from autotune.search.optuna_trials import fail_trial
@@ -62,6 +64,12 @@ class Recovery:
         storage that could not be written)."""
         fail_trial(self.study, number, f"released: {why}")
         self.store.release(lease.id, f"released: {why}")
+
+    def give_back(self, lease: Lease, number: int, fault: StorageFault) -> None:
+        """Release a configuration whose trial storage stopped (as it was: the storage's fault, not its), where
+        the database can still be written; where it cannot, the next run fails the trial (a dead pid)."""
+        with contextlib.suppress(StorageError):
+            self.release(lease, number, str(fault))
 
     def _after_failure(self, lease: Lease, note: str) -> None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

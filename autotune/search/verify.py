@@ -22,12 +22,11 @@ dead verifier's is run once more by another (the readings already stored count),
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import NoFitError, StorageError, StorageFault
+from autotune.core.errors import NoFitError, StorageFault
 from autotune.core.stats import Interval
 from autotune.search import noise
 from autotune.search.loop import Search, Step
@@ -354,9 +353,8 @@ def _run_verification(
     except StopRequested:
         search.recovery.release(lease, trial.number)
         raise
-    except StorageFault as e:  # given back as it was (storage, not the configuration), as loop.Search does
-        with contextlib.suppress(StorageError):
-            search.recovery.release(lease, trial.number, str(e))
+    except StorageFault as e:
+        search.recovery.give_back(lease, trial.number, e)
         raise
     except KeyboardInterrupt:  # a verification is not retried here: the next run verifies again
         fail_trial(search.study, trial.number, "interrupted")

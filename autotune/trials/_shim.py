@@ -190,16 +190,14 @@ def wait_trial(pid: int, grace: float, pipes: dict[int, TailLog]) -> tuple[int, 
         pump(pipes, 0.02)
 
 
-def start_trial(argv: list[str], shim_pid: int, outputs: tuple[int, int] | None) -> int:
-    """Fork and exec the trial; ``outputs``: the write ends of its stdout and stderr pipes (None: the
-    shim's own stdout and stderr)."""
+def start_trial(argv: list[str], shim_pid: int, outputs: tuple[int, int]) -> int:
+    """Fork and exec the trial; ``outputs``: the write ends of its stdout and stderr pipes."""
     pid = os.fork()
     if pid:
         return pid
     try:
-        if outputs is not None:
-            os.dup2(outputs[0], 1)
-            os.dup2(outputs[1], 2)
+        os.dup2(outputs[0], 1)
+        os.dup2(outputs[1], 2)
         os.setsid()
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != shim_pid:

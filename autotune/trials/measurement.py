@@ -18,7 +18,7 @@ from autotune.backends.probe_report import ModuleCandidate, probe_report_from_js
 from autotune.core.batches import grad_accum_for
 from autotune.core.budget import Budget, parse_budget
 from autotune.core.errors import InputError
-from autotune.core.faults import files_fault, unwritable, write_fault
+from autotune.core.faults import files_fault, unwritable, writing_trial_files
 from autotune.core.paths import cache_dir, compile_cache_dir, new_trial_dir, torch_default_inductor_dir
 from autotune.core.plans import Backend, Plan
 from autotune.core.protocol import (
@@ -173,16 +173,12 @@ def run_trial(
     ``host_budget``: bytes of host memory the trial's processes may hold (None: what the host has available
     now, less a margin); a trial passing it is stopped at once and ends ``killed``.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
-    try:
+    with writing_trial_files(root / "trials"):
         workdir = new_trial_dir(root)
         request = _request(
             workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans
         )
         request.write(workdir / "request.json")
-    except OSError as e:
-        if (fault := write_fault(e)) is None:
-            raise
-        raise files_fault(root / "trials", fault) from e
     watch = RankWatch(workdir / "progress.json")
     launch = Launch(
         argv=tuple(command.argv(batch_size, grad_accum)),
@@ -205,12 +201,8 @@ def run_trial(
         ),
     )
     before = LoadSnapshot.now()
-    try:
+    with writing_trial_files(workdir):  # its logs must be opened
         exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
-    except OSError as e:  # its logs could not be opened
-        if (fault := write_fault(e)) is None:
-            raise
-        raise files_fault(workdir, fault) from e
     load = before.until(LoadSnapshot.now())
     if exit_info.cpu_seconds is not None and exit_info.wall_seconds > 0:
         load = dataclasses.replace(load, cpu_per_wall=exit_info.cpu_seconds / exit_info.wall_seconds)

@@ -19,7 +19,7 @@ from autotune.core.errors import InputError
 from autotune.search.spec import TuneSpec
 from autotune.storage import JobRow, JobState
 from autotune.trials.command import TrialCommand
-from autotune.workers.signing import JobKey, scripts_named, sign, signature_error
+from autotune.workers.signing import JobKey, file_sha256, scripts_named, sign, signature_error
 
 
 class JobRefused(InputError):
@@ -29,7 +29,7 @@ class JobRefused(InputError):
 
 def script_sha256(command: TrialCommand) -> str | None:
     script = command.script_path()
-    return hashlib.sha256(Path(script).read_bytes()).hexdigest() if script else None
+    return file_sha256(Path(script)) if script else None
 
 
 def job_row(
@@ -76,7 +76,7 @@ def spec_of(
         path = Path(cwd) / script
         if not path.is_file():
             raise JobRefused(f"job {name}: its script {path} is not on this host")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        if file_sha256(path) != digest:
             raise JobRefused(
                 f"job {name}: this host's {path} differs from the submitted script (sha256 "
                 f"{digest[:12]}...): copy the same script here, or submit it again"

@@ -157,11 +157,12 @@ def scripts_named(words: Sequence[str], cwd: str) -> dict[str, str]:
     for word in words:
         for path in {word, word.partition("=")[2]}:
             if path.endswith(SCRIPT_SUFFIXES) and (Path(cwd) / path).is_file():
-                hashes[path] = _sha256(Path(cwd) / path)
+                hashes[path] = file_sha256(Path(cwd) / path)
     return hashes
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read a MiB at a time."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
