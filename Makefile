@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv demo test test-scale test-ranks test-compat lint clean postgres-server browser
+.PHONY: venv demo test test-scale test-ranks ray-extra test-ray test-compat lint clean postgres-server browser
 
 # The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
 # torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
@@ -59,7 +59,7 @@ browser:
 # exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
 TEST_WORKERS ?= 2
 test: $(STAMP) postgres-server browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale and not compat and not ranks" $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not scale and not compat and not ranks and not ray" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 test-ranks: $(STAMP)
@@ -70,6 +70,17 @@ test-ranks: $(STAMP)
 # threads, oversubscribe the cores (a 25 s test took 176 s beside the compile test on CI's machine).
 test-compat: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m compat $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+# Trials placed on a real local Ray cluster (several raylets on this host; tests/cluster). Ray is the cluster
+# extra (pyproject's `ray`): `ray-extra` installs it (constraints/cpu.txt pins the version tested), and
+# touches nothing else in the environment, so other phases can run beside this one; `make test` never needs
+# it. One test at a time: each starts its own cluster.
+ray-extra: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt ray
+
+test-ray: ray-extra
+	$(BIN)/python -m pytest -p no:xdist -m ray $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 test-scale: $(STAMP) postgres-server

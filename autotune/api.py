@@ -294,8 +294,9 @@ def work(
     return worker.run()
 
 
-def doctor() -> list[Check]:
-    """What works on this machine (torch, NVML, storage drivers, backends), each with what to do if not."""
+def doctor(ray_address: str | None = None) -> list[Check]:
+    """What works on this machine (torch, NVML, storage drivers, the Ray cluster, backends), each with what to
+    do if not (``ray_address``: the Ray cluster to look at; None: RAY_ADDRESS, else one running here)."""
     from autotune.hardware.doctor import checks
 
-    return checks()
+    return checks(ray_address)

@@ -94,3 +94,19 @@ class FakeNvml:
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return "999.99 (FAKE)"
+
+
+@dataclass
+class NodeFakeNvml(FakeNvml):
+    """FAKE NVML for a node of the tests' local Ray cluster (tests/cluster): built by a test, it is sent to
+    each node with the trial (pickled), and there its GPUs are the node's own: the UUIDs in the node's
+    ``FAKE_NVML_GPUS`` (comma-separated), each declaring its memory in ``$FAKE_GPU_USAGE_DIR/<UUID>``."""
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        import os
+
+        self.__dict__.update(state)
+        folder = Path(os.environ["FAKE_GPU_USAGE_DIR"])
+        self.gpus = [
+            FakeGpu(uuid, usage_file=folder / uuid) for uuid in os.environ["FAKE_NVML_GPUS"].split(",")
+        ]

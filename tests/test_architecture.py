@@ -21,6 +21,7 @@ LAYERS = (
     "autotune.trials",  # the tuner's side of one trial: command, launcher, measurement
     "autotune.leases",  # who runs what: worker identity, liveness, heartbeats
     "autotune.search",  # the space, the memory model, proposals, the ask/tell loop, verification
+    "autotune.cluster",  # trials placed on a cluster (Ray): a node's share, the executor
     "autotune.workers",  # jobs, the worker daemon, tune()
     "autotune.results",  # answers from the database: best, studies, show
     "autotune.api",  # the library API

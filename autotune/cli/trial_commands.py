@@ -131,12 +131,17 @@ def probe(
 
 @cli.command()
 @AS_JSON
-def doctor(as_json: bool) -> None:
-    """Check what works on this machine (torch, GPU memory through NVML, storage drivers, backends) and
-    say what to do about what does not. Exits 1 if autotune cannot tune here at all."""
+@click.option(
+    "--ray-address",
+    default=None,
+    help="The Ray cluster to report on (default: RAY_ADDRESS, else one running here).",
+)
+def doctor(as_json: bool, ray_address: str | None) -> None:
+    """Check what works on this machine (torch, GPU memory through NVML, storage drivers, the Ray cluster,
+    backends) and say what to do about what does not. Exits 1 if autotune cannot tune here at all."""
     from autotune.cli.console import console
     from autotune.cli.render_trial import doctor as render_doctor
 
-    found = api.doctor()
+    found = api.doctor(ray_address)
     render_doctor(console(), found, as_json)
     exit_with(not any(c.required and not c.ok for c in found))

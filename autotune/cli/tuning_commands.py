@@ -40,11 +40,37 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         gpus_per_trial=options["gpus_per_trial"],
         host_budget=options["host_budget"],
         max_seq_len=options["max_seq_len"],
+        executor=options.get("executor", "local"),
+        ray_address=options.get("ray_address"),
+        nodes_per_trial=options.get("nodes_per_trial", 1),
     )
 
 
 @cli.command()
 @search_options
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where trials run: local (this machine; workers sharing the database help), or ray (each trial "
+    "placed on a Ray cluster in a placement group of --gpus-per-trial GPUs on --nodes-per-trial nodes; "
+    "pip install 'autotune[ray]').",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="The Ray cluster's address (default: RAY_ADDRESS, a cluster started here with ray start, else a new "
+    "local one).",
+)
+@click.option(
+    "--nodes-per-trial",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Under --executor ray: the nodes each trial spans (a torchrun --nnodes N template; its rendezvous "
+    "is set per trial).",
+)
 def run(**options: Any) -> None:
     """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
 

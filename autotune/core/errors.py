@@ -25,6 +25,11 @@ class TrialError(AutotuneError):
     exit_code = 3
 
 
+class TrialLost(TrialError):
+    """The machine a trial ran on went away mid-trial (a cluster node lost): the trial is interrupted, not
+    out of memory, and its configuration is retried once elsewhere, as a dead worker's is."""
+
+
 class DeviceError(AutotuneError):
     """The requested device cannot be measured (no NVML, unknown index or UUID)."""
 

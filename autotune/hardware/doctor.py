@@ -39,9 +39,10 @@ class Check:
         return asdict(self)
 
 
-def checks() -> list[Check]:
-    """Every check, in the order a user would fix them."""
-    return [_torch(), _nvml(), _cpu_memory(), _sqlite(), _postgres(), _ort()]
+def checks(ray_address: str | None = None) -> list[Check]:
+    """Every check, in the order a user would fix them (``ray_address``: the Ray cluster to look at; None:
+    RAY_ADDRESS, else one running here)."""
+    return [_torch(), _nvml(), _cpu_memory(), _sqlite(), _postgres(), _ray(ray_address), _ort()]
 
 
 def _torch() -> Check:
@@ -111,6 +112,45 @@ def _postgres() -> Check:
         "PostgreSQL driver", "psycopg", "psycopg", "--storage postgresql://...", "postgres"
     )
     return missing or Check("PostgreSQL driver", True, f"psycopg {importlib.metadata.version('psycopg')}")
+
+
+_RAY_PROBE = """
+import json, logging, sys
+import ray
+ray.init(address=sys.argv[1], logging_level=logging.ERROR, log_to_driver=False)
+nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+print(json.dumps({"version": ray.__version__, "address": ray.get_runtime_context().gcs_address,
+                  "gpus": [n.get("GPU", 0) for n in nodes], "cpus": sum(n.get("CPU", 0) for n in nodes)}))
+"""
+
+
+def _ray(address: str | None) -> Check:
+    """The Ray cluster ``--executor ray`` would place trials on: its nodes and GPUs (in a child process:
+    Ray's import and connection stay out of the CLI)."""
+    missing = _not_installed("Ray cluster", "ray", "ray", "--executor ray", "ray")
+    if missing is not None:
+        return missing
+    where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAY_PROBE, where], capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(
+            "Ray cluster",
+            False,
+            f"no Ray cluster at {where}: {last}",
+            "only for --executor ray: start one (ray start --head; examples/slurm/ray-cluster.sbatch on Slurm) "
+            "or name it (--ray-address, RAY_ADDRESS); without one, a run starts a local one",
+        )
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    gpus = found["gpus"]
+    return Check(
+        "Ray cluster",
+        True,
+        f"ray {found['version']}, cluster at {found['address']}: {len(gpus)} node(s), {sum(gpus):g} GPU(s)"
+        f" ({', '.join(f'{g:g}' for g in gpus)} per node), {found['cpus']:g} CPU(s)",
+    )
 
 
 _ORT_PROBE = """

@@ -38,7 +38,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import InputError, NoFitError, ScriptError, StorageFault
+from autotune.core.errors import InputError, NoFitError, ScriptError, StorageFault, TrialLost
 from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
@@ -72,7 +72,7 @@ from autotune.search.records import (
 )
 from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
-from autotune.search.runner import TrialRunner
+from autotune.search.runner import Runner
 from autotune.search.space import SearchSpace
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import InterruptShield, StopRequested
@@ -101,7 +101,7 @@ class Search:
         study: optuna.Study,
         space: SearchSpace,
         limit: int,
-        runner: TrialRunner,
+        runner: Runner,
         target: int,
         reporter: Reporter,
         store: Store,
@@ -355,7 +355,7 @@ class Search:
 
     def _measure(
         self, trial: optuna.Trial, lease: Lease, predicted: float | None, why: ProposedBy
-    ) -> TrialResult:
+    ) -> TrialResult | None:
         self.misses = 0
         batch, plan = lease.batch_size, lease.plan
         for key, value in {
@@ -386,6 +386,13 @@ class Search:
         except StorageFault as e:
             self.recovery.give_back(lease, trial.number, e)
             raise
+        except TrialLost as e:  # its cluster node went away: interrupted, not out of memory; retried once
+            self.recovery.fail(lease, f"interrupted: {e}")
+            self.reporter.note(
+                f"trial {trial.number} ({plan}@{batch}) interrupted: {e}"
+                + ("; retried once" if lease.attempt == 0 else "")
+            )
+            return None
         tell_result(self.study, trial, result, self.limit)
         self.store.end_lease(lease.id, LeaseState.DONE)
         self.trials_run += 1

@@ -152,4 +152,5 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "startup_seconds": result.startup_seconds,
         "measured_seconds": result.measured_seconds,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
+        **({"placement": [p.to_dict() for p in result.placement]} if result.placement else {}),
     }

@@ -33,7 +33,7 @@ from autotune.core.plans import parse_plan
 from autotune.core.protocol import Outcome
 from autotune.leases.watch import LeaseWatch, grace_seconds
 from autotune.search.reporting import Reporter
-from autotune.search.runner import TrialRunner
+from autotune.search.runner import Runner
 from autotune.search.spec import TuneSpec
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import StopRequested
@@ -48,7 +48,7 @@ RERUN = "autotune run --force runs it again"
 
 
 def discover(
-    store: Store, workload: Workload, spec: TuneSpec, runner: TrialRunner, reporter: Reporter, worker: str
+    store: Store, workload: Workload, spec: TuneSpec, runner: Runner, reporter: Reporter, worker: str
 ) -> tuple[ProbeReport | None, int]:
     """The workload's probe report (None if the script probed nothing) and how many trials it took here:
     measured once per fingerprint (again with ``spec.force``), or waited for while another worker runs it.
@@ -142,7 +142,7 @@ class _Waiting:
             )
 
 
-def _pause(runner: TrialRunner) -> None:
+def _pause(runner: Runner) -> None:
     """Wait one poll; a stopping worker's stop ends the wait at once, a Ctrl-C within the poll."""
     runner.check()
     if runner.stop is None:
@@ -153,7 +153,7 @@ def _pause(runner: TrialRunner) -> None:
 
 
 def _probe(
-    store: Store, workload: Workload, lease: Lease, runner: TrialRunner, reporter: Reporter
+    store: Store, workload: Workload, lease: Lease, runner: Runner, reporter: Reporter
 ) -> ProbeReport | None:
     reporter.trial_started(-1, lease.batch_size, "none", "probe")
     try:
@@ -202,7 +202,7 @@ def check_named_plans(
     store: Store,
     workload: Workload,
     spec: TuneSpec,
-    runner: TrialRunner,
+    runner: Runner,
     reporter: Reporter,
     probe: ProbeReport | None,
 ) -> ProbeReport | None:

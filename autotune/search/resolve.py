@@ -25,7 +25,7 @@ from autotune.search.naming import default_study_name, study_key
 from autotune.search.optuna_trials import records_of
 from autotune.search.probing import check_named_plans, discover
 from autotune.search.reporting import Reporter
-from autotune.search.runner import TrialRunner
+from autotune.search.runner import Executor, Runner, TrialRunner
 from autotune.search.space import SearchSpace, build_space
 from autotune.search.spec import TuneResult, TuneSpec
 from autotune.search.study import check_ours
@@ -44,7 +44,7 @@ class ResolvedJob:
     space: SearchSpace
     study_row: StudyRow
     savings: dict[str, float]  # the probe's predicted saving per sample of each plan
-    runner: TrialRunner
+    runner: Runner
     probes_run: int  # trials the probe took in this process (0 or 1)
     forward_shares: dict[str, float]  # the probe's share of the forward pass each plan repeats
     fixed_bytes: int | None  # the probe's weights, gradients and optimizer state
@@ -98,28 +98,38 @@ def resolve(
     stop: threading.Event | None = None,
     store: Store | None = None,
     shield: InterruptShield | None = None,
+    executor: Executor | None = None,
 ) -> ResolvedJob:
     """Device, budget, database, workload, probe (run if new), search space and study name of ``spec``.
 
     ``store``: the database already open on ``spec.storage`` (a worker's, shared by all its jobs: one
     engine and connection pool per process, not one per job); opened here if None. ``shield``: the
     caller's active Ctrl-C shield (see autotune.trials.interrupts); the probe and every later trial of the
-    job's runner run inside it.
+    job's runner run inside it. ``executor``: where trials run when not here (autotune.cluster): the device
+    comes from it, and its runner places each trial, the probe included.
 
     Raises:
         InputError, DeviceError: the device or the budget on it. StorageError: the database.
         ScriptError: the probe's trial failed.
     """
-    device = resolve_trial_device(spec.device, spec.gpus_per_trial, environ, nvml_loader(nvml))
+    device = (
+        resolve_trial_device(spec.device, spec.gpus_per_trial, environ, nvml_loader(nvml))
+        if executor is None
+        else executor.device
+    )
     limit = spec.budget.limit(device.total_bytes, spec.headroom)
     store = store or open_store(spec.storage_url)
     workload = workload_of(spec.command, device, spec.backend)
     store.add_workload(
         workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
     )
-    runner = TrialRunner(
-        spec.command, spec.backend, device, make_meter(device, nvml), spec.settings, cache_dir(spec.cache_dir),
-        environ, stop, limit.budget_bytes, shield, host_budget_of(spec.host_budget),
+    runner: Runner = (
+        TrialRunner(
+            spec.command, spec.backend, device, make_meter(device, nvml), spec.settings,
+            cache_dir(spec.cache_dir), environ, stop, limit.budget_bytes, shield, host_budget_of(spec.host_budget),
+        )
+        if executor is None
+        else executor.runner(device, limit.budget_bytes, stop, shield)
     )  # fmt: skip
     if spec.study is not None:
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial

@@ -1,4 +1,7 @@
-"""The trials of one job on one device: what a search and a verification call to measure a configuration."""
+"""The trials of one job on one device: what a search and a verification call to measure a configuration.
+
+``Runner`` is what the search needs of it; ``TrialRunner`` runs each trial here, and
+``autotune.cluster.ray_executor.RayRunner`` places each on a Ray cluster (``--executor ray``)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from autotune.backends import parse_backend_plan
 from autotune.core.plans import Backend
@@ -17,6 +21,53 @@ from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.trials.measurement import run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
+
+
+class Runner(Protocol):
+    """Measures a configuration for a search: where, and how it is stopped."""
+
+    @property
+    def device(self) -> Device: ...  # what each trial runs on (one node's share, on a cluster)
+
+    @property
+    def stop(self) -> threading.Event | None: ...
+
+    @property
+    def shield(self) -> InterruptShield | None: ...
+
+    @property
+    def host_budget(self) -> int | None: ...
+
+    def __call__(
+        self,
+        batch: int,
+        plan: str,
+        *,
+        poll: Callable[[int, float], None] | None = None,
+        settings: TrialSettings | None = None,
+        probe: bool = False,
+        interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+        grad_accum: int | None = None,
+        check_plans: tuple[str, ...] = (),
+    ) -> TrialResult: ...
+
+    def check(self) -> None: ...
+
+
+class Executor(Protocol):
+    """Where a job's trials run when not here (``--executor ray``): the device one trial gets there, and
+    the runner that places each trial."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def runner(
+        self,
+        device: Device,
+        ceiling: int | None,
+        stop: threading.Event | None,
+        shield: InterruptShield | None,
+    ) -> Runner: ...
 
 
 @dataclass(frozen=True)
@@ -71,8 +122,12 @@ class TrialRunner:
         )
 
     def check(self) -> None:
-        """Between trials (a wait): raise the Ctrl-C the shield holds, or StopRequested once ``stop`` is set."""
-        if self.shield is not None:
-            self.shield.check()
-        if self.stop is not None and self.stop.is_set():
-            raise StopRequested
+        check_between(self.shield, self.stop)
+
+
+def check_between(shield: InterruptShield | None, stop: threading.Event | None) -> None:
+    """Between trials (a wait): raise the Ctrl-C the shield holds, or StopRequested once ``stop`` is set."""
+    if shield is not None:
+        shield.check()
+    if stop is not None and stop.is_set():
+        raise StopRequested

@@ -24,6 +24,7 @@ from autotune.storage import BestRow
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
 
+EXECUTORS = ("local", "ray")
 VERIFY_SETTLE_STEPS = 250  # at most this many steps past a verification's measured ones (and settle_seconds)
 
 
@@ -74,6 +75,13 @@ class TuneSpec:
     """The host memory a trial's processes may hold (absolute, or a share of the host's): this host's, not
     part of the job (a worker uses its own host's default). None: what the host has available as the run
     starts, less a margin (autotune.hardware.host.default_host_budget)."""
+    executor: str = "local"
+    """Where trials run: ``local`` (this machine, with helpers and workers) or ``ray`` (each trial placed
+    on a Ray cluster: autotune.cluster). Not part of the job."""
+    ray_address: str | None = None
+    """The Ray cluster's address (None: RAY_ADDRESS, a cluster running here, else a new local one)."""
+    nodes_per_trial: int = 1
+    """Under ``ray``: the nodes each trial spans (a ``torchrun --nnodes N`` template: N)."""
     max_seq_len: int | None = None
     """The job's longest sequence length, where its trials cannot feed it (autotune.worst_case()): every
     peak is read at this length from the per-token memory the trials measured (autotune.search.longest)."""
@@ -86,6 +94,7 @@ class TuneSpec:
             check_study_name(self.study)
         if self.gpus_per_trial < 1:
             raise InputError(f"--gpus-per-trial must be a positive integer, got {self.gpus_per_trial}")
+        self._check_executor()
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise InputError(f"--max-seq-len must be a positive integer, got {self.max_seq_len}")
         if self.global_batch is not None:
@@ -97,6 +106,31 @@ class TuneSpec:
         if self.grad_accum is not None and not 1 <= self.grad_accum <= MAX_GLOBAL_BATCH:
             raise InputError(f"--grad-accum must be between 1 and {MAX_GLOBAL_BATCH}, got {self.grad_accum}")
         object.__setattr__(self, "backend", Backend.parse(self.backend))  # "ort" given as a string
+
+    def _check_executor(self) -> None:
+        """``--executor``, ``--nodes-per-trial`` and a multi-node torchrun template agree.
+
+        Raises:
+            InputError: they do not, in one line."""
+        if self.executor not in EXECUTORS:
+            raise InputError(f"--executor {self.executor}: expected one of {', '.join(EXECUTORS)}")
+        if self.nodes_per_trial < 1:
+            raise InputError(f"--nodes-per-trial must be a positive integer, got {self.nodes_per_trial}")
+        nodes = self.command.nodes
+        if self.executor != "ray":
+            if self.nodes_per_trial > 1:
+                raise InputError("--nodes-per-trial places a trial on several nodes: it needs --executor ray")
+            return
+        if nodes != self.nodes_per_trial:
+            raise InputError(
+                f"--nodes-per-trial {self.nodes_per_trial} and the command's torchrun --nnodes {nodes} differ: "
+                "each node of a trial runs one torchrun; give both the same"
+                if self.command.launcher
+                else f"--nodes-per-trial {self.nodes_per_trial}: a trial on several nodes runs a torchrun "
+                "template (-- torchrun --nnodes N --nproc-per-node gpu train.py ...)"
+            )
+        if nodes > 1:
+            self.command.check_placeable()
 
     @property
     def verify_settings(self) -> TrialSettings:

@@ -26,7 +26,7 @@ import statistics
 import time
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import NoFitError, StorageFault
+from autotune.core.errors import NoFitError, StorageFault, TrialLost
 from autotune.core.stats import Interval
 from autotune.search import noise
 from autotune.search.loop import Search, Step
@@ -322,10 +322,16 @@ def _name(config: Configuration) -> str:
 
 
 def _run_verification(
-    search: Search, lease: Lease, config: Configuration, settings: TrialSettings, what: str
+    search: Search,
+    lease: Lease,
+    config: Configuration,
+    settings: TrialSettings,
+    what: str,
+    retried: bool = False,
 ) -> TrialResult:
     """A longer trial of ``config``, asked, run and told (kind ``verification``); ``what`` is its note, with
-    ``{trial}`` for the number of the configuration's fitting trial."""
+    ``{trial}`` for the number of the configuration's fitting trial. One whose machine was lost (a cluster
+    node) is failed as interrupted and run once more."""
     batch, plan = config
     first = _fitting(search, config)
     note = what.format(trial=first.number if first is not None else "?")
@@ -360,6 +366,13 @@ def _run_verification(
         fail_trial(search.study, trial.number, "interrupted")
         search.store.forget_lease(lease.id)
         raise
+    except TrialLost as e:
+        fail_trial(search.study, trial.number, f"interrupted: {e}" + ("" if retried else "; retried once"))
+        if retried:
+            search.store.forget_lease(lease.id)
+            raise
+        search.reporter.note(f"verification trial {trial.number} interrupted: {e}; retried once")
+        return _run_verification(search, lease, config, settings, what, retried=True)
     tell_result(search.study, trial, result, search.limit)
     search.reporter.trial_finished(records_of(search.study)[trial.number], first)
     return result

@@ -10,6 +10,7 @@ or ``--grad-accum``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ _PYTHON = re.compile(r"python(\d+(\.\d+)*)?", re.ASCII)
 _FLAGS_WITH_VALUE = ("-W", "-X")
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")  # what torchrun is, run as a module
 _LAUNCHERS = ("torchrun",)
+_RENDEZVOUS = ("node-rank", "master-addr", "master-port", "rdzv-endpoint", "rdzv-backend", "rdzv-id")
+SCRIPT_SUFFIXES = (".py", ".sh", ".bash")  # the words of a command that name a script it runs
 _PACKAGE_PARENT = str(Path(autotune.__file__).resolve().parent.parent)
 _INJECT_DIR = str(Path(autotune.__file__).resolve().parent / "runtime" / "_inject")
 
@@ -127,12 +130,62 @@ class TrialCommand:
             )
         return int(nodes) * int(per_node)
 
+    @property
+    def nodes(self) -> int:
+        """torchrun's ``--nnodes`` (1 for a command that is not torchrun)."""
+        if not self.launcher:
+            return 1
+        nodes = _option(self.words, "nnodes", "1")
+        return int(nodes) if nodes.isdigit() else 1
+
+    def check_placeable(self) -> None:
+        """A multi-node torchrun template whose rendezvous autotune sets on a cluster (``on_node``).
+
+        Raises:
+            InputError: the template sets a rendezvous option itself.
+        """
+        for name in _RENDEZVOUS:
+            if _option(self.words, name, "") != "":
+                raise InputError(
+                    f"the command sets torchrun's --{name}: on a cluster autotune places each trial and sets "
+                    f"its rendezvous (--node-rank, --master-addr, --master-port); remove --{name}"
+                )
+
+    def on_node(self, node_rank: int, master: str, port: int) -> TrialCommand:
+        """This torchrun template as node ``node_rank`` of its trial runs it: static rendezvous at
+        ``master:port`` (node 0's address and a port free there)."""
+        i = next(
+            i for i, w in enumerate(self.words) if os.path.basename(w) in _LAUNCHERS or w in _LAUNCHER_MODULES
+        )
+        added = ("--node-rank", str(node_rank), "--master-addr", master, "--master-port", str(port))
+        return TrialCommand((*self.words[: i + 1], *added, *self.words[i + 1 :]), self.is_template, self.cwd)
+
     def script_path(self) -> str | None:
         """The Python script this command runs, if one can be seen (the first ``*.py`` word)."""
         return next((w for w in self.words if w.endswith(".py") and Path(w).is_file()), None)
 
     def __str__(self) -> str:
         return " ".join(self.words)
+
+
+def scripts_named(words: Sequence[str], cwd: str) -> dict[str, str]:
+    """The sha256 of every script a command's ``words`` name (each word, or ``--option=value``'s value,
+    ending in .py, .sh or .bash that is a file, relative to ``cwd``), by the word as written."""
+    hashes = {}
+    for word in words:
+        for path in {word, word.partition("=")[2]}:
+            if path.endswith(SCRIPT_SUFFIXES) and (Path(cwd) / path).is_file():
+                hashes[path] = file_sha256(Path(cwd) / path)
+    return hashes
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read a MiB at a time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fill(words: Sequence[str], batch_size: int, grad_accum: int | None) -> list[str]:

@@ -164,6 +164,7 @@ def run_trial(
     grad_accum: int | None = None,
     check_plans: tuple[str, ...] = (),
     host_budget: int | None = None,
+    node_ranks: range | None = None,
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
 
@@ -172,6 +173,8 @@ def run_trial(
     ``check_plans``: a probe also checks these plans against no plan.
     ``host_budget``: bytes of host memory the trial's processes may hold (None: what the host has available
     now, less a margin); a trial passing it is stopped at once and ends ``killed``.
+    ``node_ranks``: the ranks this node runs, where the trial spans several nodes (autotune.cluster): only
+    they must report here.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     with writing_trial_files(root / "trials"):
         workdir = new_trial_dir(root)
@@ -209,7 +212,9 @@ def run_trial(
     reports = rank_reports(request.report_path)
     started = watch.identities()
     report = (
-        merge_reports(reports, started) if reports or started else _read_report(Path(request.report_path))
+        merge_reports(reports, started, node_ranks)
+        if reports or started
+        else _read_report(Path(request.report_path))
     )
     outcome, error = classify(exit_info, report, settings)
     if outcome is not Outcome.COMPLETE and (refused := unwritable(workdir)) is not None:

@@ -67,14 +67,18 @@ def rank_failed(report_path: str | Path) -> bool:
     return any(r.outcome is not Outcome.COMPLETE for r in rank_reports(report_path).values())
 
 
-def merge_reports(reports: dict[int, TrialReport], started: dict[int, RankIdentity]) -> TrialReport:
-    """The trial's report from its ranks' (see the module docstring); ``started``: the ranks that started."""
+def merge_reports(
+    reports: dict[int, TrialReport], started: dict[int, RankIdentity], expected: Iterable[int] | None = None
+) -> TrialReport:
+    """The trial's report from its ranks' (see the module docstring); ``started``: the ranks that started;
+    ``expected``: the ranks that must report (None: every rank of the world; one node's share of a
+    multi-node trial: its own ranks, the driver merging the nodes' reports with the whole world's)."""
     ranks = sorted(set(reports) | set(started))
     first = reports[min(reports)] if reports else None
     world = max([i.world_size for i in started.values()] + [r.world_size or 0 for r in reports.values()])
     failed = [r for r in ranks if r in reports and reports[r].outcome is not Outcome.COMPLETE]
     ooms = [r for r in failed if reports[r].outcome.out_of_memory]
-    missing = [r for r in range(world) if r not in reports]
+    missing = [r for r in (range(world) if expected is None else expected) if r not in reports]
     if ooms or failed:
         culprit = (ooms or failed)[0]
         outcome = reports[culprit].outcome

@@ -19,6 +19,20 @@ from autotune.trials.settings import TrialSettings
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a trial placed on a cluster ran (autotune.cluster): one node's share of it."""
+
+    node: str  # the host's name
+    node_id: str  # the cluster's id of the node (several nodes may share a host)
+    devices: tuple[str, ...]  # the GPUs' UUIDs (none: a CPU trial)
+    started: float  # wall-clock seconds (time.time()) of the share's start and end, on that node
+    ended: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "devices": list(self.devices)}
+
+
+@dataclass(frozen=True)
 class TrialResult:
     """What one trial measured."""
 
@@ -69,6 +83,7 @@ class TrialResult:
     # CUDA, the first step's compilation), and its measured steps together (issue 31: ~18 s vs 0.35 s)
     startup_seconds: float | None = None
     measured_seconds: float | None = None
+    placement: tuple[Placement, ...] = ()  # where it ran, on a cluster: each node's share (autotune.cluster)
 
     @property
     def batch_ignored(self) -> bool:

@@ -18,8 +18,8 @@ from pathlib import Path
 from autotune.core.errors import InputError
 from autotune.search.spec import TuneSpec
 from autotune.storage import JobRow, JobState
-from autotune.trials.command import TrialCommand
-from autotune.workers.signing import JobKey, file_sha256, scripts_named, sign, signature_error
+from autotune.trials.command import TrialCommand, file_sha256, scripts_named
+from autotune.workers.signing import JobKey, sign, signature_error
 
 
 class JobRefused(InputError):

@@ -27,7 +27,7 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,6 @@ from autotune.core.errors import InputError
 from autotune.core.protocol import JOB_KEY_ENV, JOB_KEY_FILE_ENV
 
 MIN_KEY_CHARS = 32  # what ``autotune keygen`` writes is 64 hex digits (256 bits)
-SCRIPT_SUFFIXES = (".py", ".sh", ".bash")  # the words of a command that name a script it runs
 _VERSION = "v1"
 
 
@@ -148,26 +147,6 @@ def write_key_file(path: Path, force: bool = False) -> JobKey:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(secret + "\n")
     return JobKey(secret.encode(), str(path))
-
-
-def scripts_named(words: Sequence[str], cwd: str) -> dict[str, str]:
-    """The sha256 of every script a command's ``words`` name (each word, or ``--option=value``'s value,
-    ending in .py, .sh or .bash that is a file, relative to ``cwd``), by the word as written."""
-    hashes = {}
-    for word in words:
-        for path in {word, word.partition("=")[2]}:
-            if path.endswith(SCRIPT_SUFFIXES) and (Path(cwd) / path).is_file():
-                hashes[path] = file_sha256(Path(cwd) / path)
-    return hashes
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256, read a MiB at a time."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sign(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, str]) -> str:

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -31,15 +31,19 @@ from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
 from autotune.leases.identity import worker_id
 from autotune.search.reporting import Reporter, SilentReporter
-from autotune.search.resolve import resolve
+from autotune.search.resolve import ResolvedJob, resolve
 from autotune.search.spec import TuneResult, TuneSpec
 from autotune.search.study import open_study
 from autotune.search.verify import verify
 from autotune.storage import JobState
-from autotune.trials.interrupts import InterruptShield
+from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.workers.jobs import job_row
+from autotune.workers.lines import LineReporter
 from autotune.workers.signing import JobKey, Trust, load_key
 from autotune.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from autotune.cluster.ray_executor import RayCluster
 
 
 def tune(
@@ -67,7 +71,21 @@ def _tune(
 ) -> TuneResult:
     worker = worker_id()
     key = load_key(env) or JobKey.of_this_run()  # checked before the probe; signs the job its helpers run
-    job = resolve(spec, env, reporter, nvml, worker, shield=shield)
+    with _executor(spec, env, reporter, nvml) as cluster:
+        return _tune_on(spec, env, reporter, nvml, shield, worker, key, cluster)
+
+
+def _tune_on(
+    spec: TuneSpec,
+    env: dict[str, str],
+    reporter: Reporter,
+    nvml: Any,
+    shield: InterruptShield,
+    worker: str,
+    key: JobKey,
+    cluster: RayCluster | None,
+) -> TuneResult:
+    job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=cluster)
     name = job.study_row.study_name
     if spec.force:
         job.store.forget_study(name)
@@ -85,8 +103,12 @@ def _tune(
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
-    helpers = _helper_devices(spec, job.device, env, nvml)
-    with Heartbeat(job.store, worker), _helping(spec, name, helpers, env, reporter, nvml, key):
+    helpers = _helper_devices(spec, job.device, env, nvml) if cluster is None else ()
+    with (
+        Heartbeat(job.store, worker),
+        _helping(spec, name, helpers, env, reporter, nvml, key),
+        _slots(job, cluster, spec, reporter, worker),
+    ):
         try:
             stopped = search.run()
             best = verify(search, spec.verify_settings)
@@ -98,6 +120,79 @@ def _tune(
                 job.store.set_job_state(name, JobState.OPEN, f"interrupted: {e}")
             raise
     return job.result(best, study, search.trials_run + job.probes_run, stopped)
+
+
+@contextlib.contextmanager
+def _executor(
+    spec: TuneSpec, env: Mapping[str, str], reporter: Reporter, nvml: Any
+) -> Iterator[RayCluster | None]:
+    """The Ray cluster trials run on under ``--executor ray`` (connected, disconnected at the end); None:
+    here."""
+    if spec.executor != "ray":
+        yield None
+        return
+    from autotune.cluster.ray_executor import RayCluster, describe
+
+    cluster = RayCluster(
+        command=spec.command,
+        backend=spec.backend,
+        settings=spec.settings,
+        device=spec.device,
+        gpus_per_trial=spec.gpus_per_trial,
+        nodes_per_trial=spec.nodes_per_trial,
+        address=spec.ray_address,
+        cache=spec.cache_dir,
+        host_budget=spec.host_budget,
+        say=reporter.note,
+        nvml=nvml,
+    )
+    reporter.note(
+        f"Ray cluster {cluster.address}: trials of {cluster.shape} ({cluster.device.name}), "
+        f"{cluster.slots()} at once; {describe(cluster.alive_nodes())}"
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def _slots(
+    job: ResolvedJob, cluster: RayCluster | None, spec: TuneSpec, reporter: Reporter, worker: str
+) -> Iterator[None]:
+    """Under ``--executor ray``, while the block runs: as many more searches of the study, in threads, as
+    the cluster can place trials at once beside the block's own (at most ``--trials``). Each is a Search
+    like a worker's: its configurations leased, its trial lines said as a helper's. On leaving, they are
+    stopped and their running trials released."""
+    count = min(cluster.slots(), spec.trials) - 1 if cluster is not None else 0
+    if cluster is None or count < 1:
+        yield
+        return
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def search(slot: int) -> None:
+        runner = cluster.runner(job.device, job.limit.budget_bytes, stop, None)
+        lines = LineReporter(f"ray:{slot}", reporter.note, lock)
+        try:
+            study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
+            dataclasses.replace(job, runner=runner).search(study, lines, worker).run()
+        except StopRequested:
+            return
+        except Exception as e:  # one slot that cannot go on must not stop the run: the others carry it
+            lines.note(f"stopped: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+    threads = [
+        threading.Thread(target=search, args=(i,), name=f"autotune-ray-{i}") for i in range(1, count + 1)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
 
 
 def _helper_devices(spec: TuneSpec, device: Device, env: Mapping[str, str], nvml: Any) -> tuple[str, ...]:

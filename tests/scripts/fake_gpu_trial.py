@@ -1,5 +1,5 @@
 """Trial script for the FAKE NVML tests: declares "GPU memory" in $FAKE_GPU_USAGE_FILE as "<pid> <bytes>"
-(or, with several fake GPUs, in $FAKE_GPU_USAGE_DIR/<the UUID in CUDA_VISIBLE_DEVICES>).
+(or, with several fake GPUs, in $FAKE_GPU_USAGE_DIR/<the first UUID in CUDA_VISIBLE_DEVICES>).
 
 Holds --held-mib + batch size x --per-sample-mib for the whole trial and --spike-mib more for
 --spike-seconds during step 1; writes the CUDA_VISIBLE_DEVICES it was given to <usage file>.env.
@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.01)
     args = p.parse_args()
     usage = os.environ.get("FAKE_GPU_USAGE_FILE") or os.path.join(
-        os.environ["FAKE_GPU_USAGE_DIR"], os.environ["CUDA_VISIBLE_DEVICES"]
+        os.environ["FAKE_GPU_USAGE_DIR"], os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
     )
     held = args.held_mib + autotune.batch_size(default=1) * args.per_sample_mib
     with open(usage + ".env", "w") as f:
