@@ -247,6 +247,13 @@ def search_options(command: F) -> F:
                 is_flag=True,
                 help="No stopping rule: every plan's largest fitting batch, then the sampler, to --trials.",
             ),
+            click.option(
+                "--sweep/--no-sweep",
+                default=None,
+                help="Measure the plans without a reading at one batch size in one trial process, each plan "
+                "switched between steps (one start-up for several plans). Default: on for GPU trials, off on "
+                "the CPU.",
+            ),
             GLOBAL_BATCH,
             GRAD_ACCUM,
             BACKEND,

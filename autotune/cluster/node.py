@@ -55,6 +55,7 @@ class NodeTask:
     ceiling: int | None = None
     grad_accum: int | None = None
     check_plans: tuple[str, ...] = ()
+    sweep: tuple[str, ...] = ()  # more plans measured after ``plan`` in the same process (one node only)
     host_budget: Budget | None = None  # resolved on the node (None: what it has available, less a margin)
     node_rank: int = 0
     nodes: int = 1
@@ -141,12 +142,17 @@ def run_share(task: NodeTask, node_id: str, environ: Mapping[str, str] | None = 
         check_plans=task.check_plans,
         host_budget=host_budget_of(task.host_budget),
         node_ranks=ranks,
+        sweep=task.sweep,
     )
     here = Placement(
         socket.gethostname(), node_id, tuple(d.uuid or "" for d in device.members if d.kind == "cuda"), started,
         time.time(),
     )  # fmt: skip
-    result = dataclasses.replace(result, placement=(here,))
+    result = dataclasses.replace(
+        result,
+        placement=(here,),
+        sweep=tuple(dataclasses.replace(x, placement=(here,)) for x in result.sweep),
+    )
     report_path = Path(result.log_dir) / "report.json"
     return NodeShare(
         result, rank_reports(report_path), read_rank_identities(Path(result.log_dir) / "progress.json")

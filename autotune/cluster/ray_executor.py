@@ -328,6 +328,7 @@ class RayRunner:
         interruptible: Callable[[], AbstractContextManager[None]] | None = None,
         grad_accum: int | None = None,
         check_plans: tuple[str, ...] = (),
+        sweep: tuple[str, ...] = (),
     ) -> TrialResult:
         cluster = self.cluster
         task = NodeTask(
@@ -343,6 +344,7 @@ class RayRunner:
             ceiling=self.ceiling,
             grad_accum=grad_accum,
             check_plans=check_plans,
+            sweep=sweep if cluster.shape.nodes == 1 else (),
             host_budget=cluster.host_budget_asked,
             nvml=cluster.nvml,
         )

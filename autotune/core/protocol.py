@@ -104,6 +104,11 @@ class TrialRequest:
     tight: float = 0.0
     measure_share: float = 0.25
     measure_cap: float = 10.0
+    # More plans measured after ``plan`` in the same process, in this order, at the same batch size (issue
+    # 31: a trial that takes 18 s to start measures several plans for one start-up). Each is a segment:
+    # the plan switched between two steps, warm-up and measured steps of its own, its peak filed under the
+    # phase SEGMENT_PHASE + plan (autotune.runtime.trial).
+    sweep: tuple[str, ...] = ()
 
     @property
     def total_steps(self) -> int:
@@ -122,6 +127,38 @@ class TrialRequest:
                 "backend": Backend(data["backend"]),
                 "check_plans": tuple(data.get("check_plans", ())),
                 "phases": tuple(data.get("phases", ())),
+                "sweep": tuple(data.get("sweep", ())),
+            }
+        )
+
+
+SEGMENT_PHASE = "plan "  # a sweep's segment is filed by the meter under this phase + the plan
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One plan's part of a sweep (TrialRequest.sweep), as the trial measured it."""
+
+    plan: str  # as asked
+    plan_applied: str | None
+    step_seconds: tuple[float, ...]
+    step_samples: tuple[int, ...]
+    warmup_steps: int
+    first_step: int  # the trial's step count when the segment began (its steps are the ones after it)
+    last_step: int  # ... and when it ended
+    step_tokens: tuple[int, ...] = ()
+    rss_peak: int | None = None  # the process's resident high-water mark over the segment (Linux VmHWM)
+    torch_peak_allocated: int | None = None  # torch's CUDA peaks over the segment
+    torch_peak_reserved: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Segment:
+        return cls(
+            **{
+                **data,
+                "step_seconds": tuple(data["step_seconds"]),
+                "step_samples": tuple(data["step_samples"]),
+                "step_tokens": tuple(data.get("step_tokens") or ()),
             }
         )
 
@@ -157,6 +194,10 @@ class TrialReport:
     own_checkpointing: str | None = None
     # a settling verification (TrialRequest.settle_steps): its steps in all and why it ended then
     settled: str | None = None
+    # a sweep (TrialRequest.sweep): every segment that completed, in order, the first (the request's plan)
+    # included; the outcome and error, where not complete, are the next segment's. The report's own steps
+    # are the first segment's.
+    segments: list[Segment] | None = None
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)
@@ -172,6 +213,8 @@ class TrialReport:
         data["step_tokens"] = tuple(data.get("step_tokens") or ())
         if data.get("lengths") is not None:
             data["lengths"] = tuple(data["lengths"])
+        if data.get("segments") is not None:
+            data["segments"] = [Segment.from_json(x) for x in data["segments"]]
         return cls(**data)
 
 

@@ -56,11 +56,12 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
 from autotune.core.errors import InputError
-from autotune.core.plans import Backend, parse_plan
+from autotune.core.plans import Backend, Plan, parse_plan
 from autotune.core.protocol import (
     BACKEND_ENV,
     BATCH_SIZE_ENV,
@@ -70,8 +71,10 @@ from autotune.core.protocol import (
     GRAD_ACCUM_ENV,
     PLAN_ENV,
     REQUEST_ENV,
+    SEGMENT_PHASE,
     Outcome,
     RankIdentity,
+    Segment,
     TrialReport,
     TrialRequest,
     rank_path,
@@ -162,6 +165,15 @@ class _Trial:
         self.extra_steps = 0  # training steps past the measured ones, while phases are due
         self.last_phase: str | None = None  # after the measured steps: the phase the meter files under
         self.own_hf_checkpointing = False  # the script turned a Hugging Face model's own checkpointing on
+        # a sweep (TrialRequest.sweep): the plans still to measure in this process, the segments measured,
+        # and what switches the prepared model's plan (set by prepare(); None: the script applies plans
+        # itself from $AUTOTUNE_PLAN, which a switch rewrites)
+        self.sweep = list(request.sweep) if not request.probe and rank is None else []
+        self.segments: list[Segment] = []
+        self.segment_plan = request.plan
+        self.segment_start = 0  # the steps done when the current segment began
+        self.segment_phase: str | None = None  # what the meter files this segment's samples under
+        self.switch: Callable[[str], str] | None = None
 
     def forward(self, inputs: Inputs | None = None) -> None:
         """One forward of the model being trained (the hooks call it), with what its inputs showed."""
@@ -210,16 +222,63 @@ class _Trial:
         if self.probe is not None and hasattr(self.probe, "after_step"):
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
             self.last_step_end = time.perf_counter()
-        write_progress(self.progress_path, self.steps, self.rank, self.phase_now, _pinned_bytes())
+        write_progress(
+            self.progress_path, self.steps, self.rank, self.phase_now or self.segment_phase, _pinned_bytes()
+        )
         if (
             len(self.step_seconds) >= self.request.measured_steps
             and not self._unsettled()
             and not self._peak_settling()
             and not self._measuring_on()
         ):
+            if self.sweep:
+                self._next_segment()
+                return
             self.measured = True
             if not self.due_phases():
                 self.finish()
+
+    def _close_segment(self) -> None:
+        """The current plan's segment is measured: keep it (a sweep)."""
+        allocated, reserved = _cuda_peaks()
+        self.segments.append(
+            Segment(
+                plan=self.segment_plan,
+                plan_applied=self.plan_applied,
+                step_seconds=tuple(self.step_seconds),
+                step_samples=tuple(self.step_samples),
+                warmup_steps=self.warmup_steps - self.segment_start,
+                first_step=self.segment_start,
+                last_step=self.steps,
+                step_tokens=tuple(self.step_tokens)
+                if len(self.step_tokens) == len(self.step_seconds)
+                else (),
+                rss_peak=_rss_high_water(),
+                torch_peak_allocated=allocated,
+                torch_peak_reserved=reserved,
+            )
+        )
+
+    def _next_segment(self) -> None:
+        """Between two steps of a sweep: keep the segment just measured, switch the model to the next plan,
+        give back what the last plan's step held (CUDA's cached blocks; the peak counters and the
+        resident high-water mark reset), and measure the next plan as a trial of its own: its warm-up, its
+        measured steps, its samples filed by the meter under its own phase."""
+        self._close_segment()
+        plan = self.sweep.pop(0)
+        os.environ[PLAN_ENV] = plan  # a script that applies plans itself reads it
+        if self.switch is not None:
+            self.plan_applied = self.switch(plan)
+        else:
+            self.plan_applied = None
+        _release_segment_memory()
+        self.segment_plan = plan
+        self.segment_start = self.steps
+        self.warmup_steps = self.steps + max(1, self.request.warmup_steps)
+        self.step_seconds, self.step_samples, self.step_tokens = [], [], []
+        self.segment_phase = SEGMENT_PHASE + plan
+        write_progress(self.progress_path, self.steps, self.rank, self.segment_phase, _pinned_bytes())
+        self.last_step_end = time.perf_counter()
 
     def finish(self) -> None:
         """The trial is over: write its report and end the script (TrialComplete)."""
@@ -311,7 +370,8 @@ class _Trial:
         if not self.request.tight or self.rank is not None or not self.step_seconds:
             return False
         spent = sum(self.step_seconds)
-        startup = self.step_ends[self.warmup_steps - 1] if len(self.step_ends) >= self.warmup_steps else 0.0
+        warm = self.segments[0].warmup_steps if self.segments else self.warmup_steps  # the process's start-up
+        startup = self.step_ends[warm - 1] if len(self.step_ends) >= warm else 0.0
         if spent >= min(self.request.measure_share * startup, self.request.measure_cap):
             return False
         speed = median_interval([n / s for n, s in zip(self.step_samples, self.step_seconds, strict=True)])
@@ -335,31 +395,39 @@ class _Trial:
 
     def report(self, outcome: Outcome, error: str | None = None) -> None:
         allocated, reserved = _cuda_peaks()
+        if self.request.sweep and outcome is Outcome.COMPLETE:
+            self._close_segment()  # the last plan's
+        first = self.segments[0] if self.segments else None
         TrialReport(
             outcome=outcome,
             steps_done=self.steps,
-            step_seconds=tuple(self.step_seconds),
-            step_samples=tuple(self.step_samples),
-            torch_peak_allocated=allocated,
-            torch_peak_reserved=reserved,
+            step_seconds=first.step_seconds if first else tuple(self.step_seconds),
+            step_samples=first.step_samples if first else tuple(self.step_samples),
+            torch_peak_allocated=first.torch_peak_allocated if first else allocated,
+            torch_peak_reserved=first.torch_peak_reserved if first else reserved,
             error=error,
-            plan_applied=self.plan_applied,
+            plan_applied=first.plan_applied if first else self.plan_applied,
             candidates=self.candidates,
             probe=self._probe_result(),
             micro_batches=self.micro_batches,
             compile_cache=_compile_cache(),
-            warmup_steps=self.warmup_steps,
+            warmup_steps=first.warmup_steps if first else self.warmup_steps,
             warmup_seconds=(
                 self.step_ends[self.warmup_steps - 1] if len(self.step_ends) >= self.warmup_steps else None
             ),
             rank=self.rank.rank if self.rank else None,
             world_size=self.rank.world_size if self.rank else None,
-            step_tokens=tuple(self.step_tokens) if len(self.step_tokens) == len(self.step_seconds) else (),
+            step_tokens=(
+                first.step_tokens
+                if first
+                else (tuple(self.step_tokens) if len(self.step_tokens) == len(self.step_seconds) else ())
+            ),
             lengths=(min(self.step_lengths), max(self.step_lengths)) if self.step_lengths else None,
             batch_seen=self.batch_seen,
             phase_seconds=dict(self.phase_seconds) or None,
             own_checkpointing=self.own_checkpointing(),
             settled=f"{self.settled} after {self.steps} steps" if self.settled else None,
+            segments=list(self.segments) if self.request.sweep else None,
         ).write(self.report_path)
 
     def own_checkpointing(self, counted: bool = True) -> str | None:
@@ -513,9 +581,30 @@ def prepare(model: M) -> M:
                 trial.probe = Probe(model, trial.request.batch_size, trial.request.check_plans)  # type: ignore[arg-type]
                 trial.plan_applied = "none"
             return model
+    if trial is not None and trial.sweep:
+        return _prepare_switchable(model, plan, trial)
     applied = apply_plan(model, plan)  # type: ignore[arg-type]
     if trial is not None:
         trial.plan_applied = str(applied)
+    return model
+
+
+def _prepare_switchable(model: M, plan: Plan, trial: _Trial) -> M:
+    """A sweep's model: ``plan`` applied so that the trial can switch it to the next plan between two steps
+    (each undone as the probe's checks undo theirs: autotune.backends.torch_modules.plan_applied)."""
+    from autotune.backends.torch_modules import plan_applied
+
+    if trial.switch is not None:  # prepared already (a framework's wrapper of the same model)
+        return model
+    held = [plan_applied(model, plan)]  # type: ignore[arg-type]
+    trial.plan_applied = str(held[0].__enter__())
+
+    def switch(new: str) -> str:
+        held[0].__exit__(None, None, None)
+        held[0] = plan_applied(model, parse_plan(new))  # type: ignore[arg-type]
+        return str(held[0].__enter__())
+
+    trial.switch = switch
     return model
 
 
@@ -586,6 +675,37 @@ def _synchronize_cuda() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def _release_segment_memory() -> None:
+    """Between a sweep's segments: CUDA's cached blocks back to the driver (NVML's reading falls to what the
+    process holds) and torch's peak counters reset; on Linux, the resident high-water mark reset to the
+    current resident size (/proc/self/clear_refs, 5), so each segment's peak is its own."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _rss_high_water() -> int | None:
+    """This process's resident high-water mark (VmHWM; None where /proc has none)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _cuda_peaks() -> tuple[int | None, int | None]:

@@ -74,6 +74,7 @@ from autotune.search.recovery import Recovery
 from autotune.search.reporting import Reporter
 from autotune.search.runner import Runner
 from autotune.search.space import SearchSpace
+from autotune.search.sweep import sweep_of
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
 from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.trials.result import TrialResult, misconfigured
@@ -113,6 +114,7 @@ class Search:
         transfer: dict[str, float] | None = None,
         headroom: float = 0.0,
         exhaustive: bool = False,
+        sweep: bool = False,
     ) -> None:
         self.study = study
         self.space = space
@@ -127,6 +129,7 @@ class Search:
         self.fixed_bytes = fixed_bytes  # the probe's weights, gradients and optimizer state
         self.headroom = headroom
         self.exhaustive = exhaustive
+        self.sweep = sweep  # measure the plans without a reading in one process (autotune.search.sweep)
         self.stopped: str | None = None  # why the search stopped before ``target`` trials
         self.worker = worker or worker_id()
         self.device = str(runner.device)
@@ -179,8 +182,17 @@ class Search:
         model = model_of(records, self.savings, self.runner.host_budget)
         self._note_host_caps(model)
         self._check_hopeless(records, model)
-        speed = speed_of(records, self.forward_shares, self.transfer)
         taken = {Configuration(x.batch_size, x.plan) for x in leases}
+        if self.sweep and (swept := sweep_of(records, model, self.space, self.limit, taken)) is not None:
+            slot = self.store.take_slot(self.name, self.target, self.worker)
+            if slot is None:  # other workers are measuring the study's last trials
+                return Step.BUSY
+            self.reporter.searching(counted, self.target, None)
+            step = self._sweep(*swept, records, model)
+            if step is not Step.RAN:
+                self.store.forget_slot(self.name, slot)
+            return step
+        speed = speed_of(records, self.forward_shares, self.transfer)
         proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
         if proposal is None and self.misses >= DIRECT_AFTER:  # the sampler repeats itself
             left = untried(records, model, self.space, self.limit, taken, SKIP_MARGIN)
@@ -356,19 +368,36 @@ class Search:
     def _measure(
         self, trial: optuna.Trial, lease: Lease, predicted: float | None, why: ProposedBy
     ) -> TrialResult | None:
+        return self._measure_all([(trial, lease, predicted)], why)
+
+    def _measure_all(
+        self, runs: list[tuple[optuna.Trial, Lease, float | None]], why: ProposedBy
+    ) -> TrialResult | None:
+        """Run the trial of ``runs``' first configuration, the others' plans swept in the same process after
+        it (autotune.search.sweep), and tell each its reading; a plan the sweep did not reach is released
+        (measured later on its own). None: the trial was lost with its machine (each failed as interrupted,
+        retried once)."""
         self.misses = 0
+        first, lease, _ = runs[0]
         batch, plan = lease.batch_size, lease.plan
-        for key, value in {
-            "kind": TrialKind.MEASURED.value,
-            "proposed_by": why.value,
-            "lease": lease.id,
-            "device": self.device,
-            "predicted_peak_bytes": int(predicted) if predicted is not None else None,
-        }.items():
-            if value is not None:
-                trial.set_user_attr(key, value)
-        self.store.set_lease_trial(lease.id, trial.number)
-        self.reporter.trial_started(trial.number, batch, plan, why)
+        for trial, each, predicted in runs:
+            for key, value in {
+                "kind": TrialKind.MEASURED.value,
+                "proposed_by": why.value,
+                "lease": each.id,
+                "device": self.device,
+                "predicted_peak_bytes": int(predicted) if predicted is not None else None,
+                "process": first.number if len(runs) > 1 else None,
+            }.items():
+                if value is not None:
+                    trial.set_user_attr(key, value)
+            self.store.set_lease_trial(each.id, trial.number)
+        self.reporter.trial_started(first.number, batch, plan, why)
+        if len(runs) > 1:
+            self.reporter.note(
+                f"trial {first.number} measures {len(runs)} plans at batch {batch} in one process: "
+                + ", ".join(each.plan for _, each, _ in runs)
+            )
         try:
             result = self.runner(
                 batch,
@@ -376,30 +405,59 @@ class Search:
                 poll=self.reporter.trial_progress,
                 interruptible=self.shield.allow,
                 grad_accum=self.space.grad_accum(batch),
+                sweep=tuple(each.plan for _, each, _ in runs[1:]),
             )
         except KeyboardInterrupt:
-            self.recovery.fail(lease, "interrupted")
+            for _, each, _ in runs:
+                self.recovery.fail(each, "interrupted")
             raise
         except StopRequested:
-            self.recovery.release(lease, trial.number)
+            for trial, each, _ in runs:
+                self.recovery.release(each, trial.number)
             raise
         except StorageFault as e:
-            self.recovery.give_back(lease, trial.number, e)
+            for trial, each, _ in runs:
+                self.recovery.give_back(each, trial.number, e)
             raise
         except TrialLost as e:  # its cluster node went away: interrupted, not out of memory; retried once
-            self.recovery.fail(lease, f"interrupted: {e}")
+            for _, each, _ in runs:
+                self.recovery.fail(each, f"interrupted: {e}")
             self.reporter.note(
-                f"trial {trial.number} ({plan}@{batch}) interrupted: {e}"
+                f"trial {first.number} ({plan}@{batch}) interrupted: {e}"
                 + ("; retried once" if lease.attempt == 0 else "")
             )
             return None
-        tell_result(self.study, trial, result, self.limit)
-        self.store.end_lease(lease.id, LeaseState.DONE)
-        self.trials_run += 1
+        results = [result, *result.sweep]
+        for (trial, each, _), measured in zip(runs, results, strict=False):
+            tell_result(self.study, trial, measured, self.limit)
+            self.store.end_lease(each.id, LeaseState.DONE)
+            self.trials_run += 1
+        for trial, each, _ in runs[len(results) :]:
+            last = results[-1]
+            self.recovery.release(
+                each, trial.number, f"the sweep ended before it, at plan {last.plan} ({last.outcome.value})"
+            )
         records = records_of(self.study)
-        self.reporter.trial_finished(records[trial.number], best_record(records, self.limit))
+        best = best_record(records, self.limit)
+        for trial, _, _ in runs[: len(results)]:
+            self.reporter.trial_finished(records[trial.number], best)
         self._count_failure(result, records)
         return result
+
+    def _sweep(self, batch: int, plans: list[str], records: list[TrialRecord], model: MemoryModel) -> Step:
+        """The plans without a reading, measured at ``batch`` in one process (autotune.search.sweep): each
+        leased (one another worker took first is left to it) and asked as a trial of its own."""
+        runs = []
+        for plan in plans:
+            lease = self.store.claim(self.name, LeaseKind.TRIAL, batch, plan, 0, self.worker, self.device)
+            if lease is not None:
+                trial = self.ask_fixed(batch, plan)
+                trial.set_user_attr("worker", self.worker)
+                runs.append((trial, lease, predict_peak(records, model, self.space, batch, plan)))
+        if not runs:
+            return Step.MISSED
+        self._measure_all(runs, ProposedBy.SWEEP)
+        return Step.RAN
 
     def _count_failure(self, result: TrialResult, records: list[TrialRecord]) -> None:
         """Three script failures in a row (or the first trial's) end the search with the script's error; a

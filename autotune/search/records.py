@@ -41,6 +41,7 @@ class ProposedBy(TextEnum):
     VERIFICATION = "verification"  # the winner re-run longer (autotune.search.verify)
     RETRY = "retry"  # a dead worker's configuration, run once more (autotune.search.recovery)
     RELEASED = "released"  # a configuration a stopping worker released before it ran, run here
+    SWEEP = "sweep"  # the plans without a reading, measured at one batch in one process (search.sweep)
 
 
 REMEASURE = ProposedBy.REMEASURE  # a re-measurement's ``proposed_by``
@@ -104,6 +105,7 @@ class TrialRecord:
     # its peak as the meter read it, where peak_bytes was carried to the job's longest inputs
     # (--max-seq-len: autotune.search.longest)
     measured_peak_bytes: int | None = None
+    process: int | None = None  # a sweep's: the trial whose process measured it (the first plan's)
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -132,8 +134,13 @@ class TrialRecord:
     @property
     def counted(self) -> bool:
         """Ran to an end in this study (not skipped, copied, warm-started or interrupted), and not as a
-        re-measurement."""
-        return self.kind is TrialKind.MEASURED and self.outcome is not None and not self.remeasured
+        re-measurement; of a sweep's plans, the first (one process, one trial of --trials)."""
+        return (
+            self.kind is TrialKind.MEASURED
+            and self.outcome is not None
+            and not self.remeasured
+            and self.process in (None, self.number)
+        )
 
     @property
     def remeasured(self) -> bool:
@@ -186,6 +193,7 @@ class TrialRecord:
 
 
 _ATTRS = (
+    "process",
     "peak_bytes",
     "samples_per_sec",
     "predicted_peak_bytes",

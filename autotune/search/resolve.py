@@ -67,6 +67,8 @@ class ResolvedJob:
             transfer=self.transfer,
             headroom=self.limit.headroom,
             exhaustive=self.spec.exhaustive,
+            sweep=self.spec.backend is Backend.TORCH
+            and (self.spec.sweep if self.spec.sweep is not None else self.device.kind == "cuda"),
         )
 
     def result(

@@ -49,6 +49,7 @@ class Runner(Protocol):
         interruptible: Callable[[], AbstractContextManager[None]] | None = None,
         grad_accum: int | None = None,
         check_plans: tuple[str, ...] = (),
+        sweep: tuple[str, ...] = (),
     ) -> TrialResult: ...
 
     def check(self) -> None: ...
@@ -98,9 +99,11 @@ class TrialRunner:
         interruptible: Callable[[], AbstractContextManager[None]] | None = None,
         grad_accum: int | None = None,
         check_plans: tuple[str, ...] = (),
+        sweep: tuple[str, ...] = (),
     ) -> TrialResult:
         """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step); a probe
-        also checks ``check_plans`` against no plan."""
+        also checks ``check_plans`` against no plan; ``sweep``: more plans measured after ``plan`` in the
+        same process (autotune.search.sweep), their results in the result's ``sweep``."""
         return run_trial(
             self.command,
             batch,
@@ -119,6 +122,7 @@ class TrialRunner:
             grad_accum=grad_accum,
             check_plans=check_plans,
             host_budget=self.host_budget,
+            sweep=sweep,
         )
 
     def check(self) -> None:

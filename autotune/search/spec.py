@@ -75,6 +75,9 @@ class TuneSpec:
     """The host memory a trial's processes may hold (absolute, or a share of the host's): this host's, not
     part of the job (a worker uses its own host's default). None: what the host has available as the run
     starts, less a margin (autotune.hardware.host.default_host_budget)."""
+    sweep: bool | None = None
+    """Measure the plans without a reading together, at one batch size, in one trial process
+    (autotune.search.sweep); None: on for GPU trials (start-up dominates them), off on the CPU."""
     executor: str = "local"
     """Where trials run: ``local`` (this machine, with helpers and workers) or ``ray`` (each trial placed
     on a Ray cluster: autotune.cluster). Not part of the job."""
@@ -174,6 +177,7 @@ class TuneSpec:
             "grad_accum": self.grad_accum,
             "gpus_per_trial": self.gpus_per_trial,
             "max_seq_len": self.max_seq_len,
+            "sweep": self.sweep,
         }
 
     @classmethod
@@ -205,6 +209,7 @@ class TuneSpec:
             grad_accum=data.get("grad_accum"),
             gpus_per_trial=int(data.get("gpus_per_trial", 1)),
             max_seq_len=data.get("max_seq_len"),
+            sweep=data.get("sweep"),
         )
 
 

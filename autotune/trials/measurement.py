@@ -27,11 +27,14 @@ from autotune.core.protocol import (
     NOT_FOR_TRIALS,
     PLAN_ENV,
     REQUEST_ENV,
+    SEGMENT_PHASE,
     Outcome,
     RankResult,
+    Segment,
     TrialReport,
     TrialRequest,
 )
+from autotune.core.stats import median_interval
 from autotune.hardware.devices import Device, gpus_in, resolve_device
 from autotune.hardware.host import default_host_budget
 from autotune.hardware.load import LoadSnapshot
@@ -165,6 +168,7 @@ def run_trial(
     check_plans: tuple[str, ...] = (),
     host_budget: int | None = None,
     node_ranks: range | None = None,
+    sweep: tuple[str, ...] = (),
 ) -> TrialResult:
     """Run one trial on an already resolved device with ``meter``; files go to a new folder under ``root``.
 
@@ -173,13 +177,15 @@ def run_trial(
     ``check_plans``: a probe also checks these plans against no plan.
     ``host_budget``: bytes of host memory the trial's processes may hold (None: what the host has available
     now, less a margin); a trial passing it is stopped at once and ends ``killed``.
+    ``sweep``: more plans measured after ``plan`` in the same process (TrialRequest.sweep); the result is
+    ``plan``'s, with the others' in its ``sweep``.
     ``node_ranks``: the ranks this node runs, where the trial spans several nodes (autotune.cluster): only
     they must report here.
     ``interruptible`` and ``stop``: see :func:`autotune.trials.launcher.run_process`."""
     with writing_trial_files(root / "trials"):
         workdir = new_trial_dir(root)
         request = _request(
-            workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans
+            workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans, sweep
         )
         request.write(workdir / "request.json")
     watch = RankWatch(workdir / "progress.json")
@@ -224,9 +230,83 @@ def run_trial(
     if outcome is Outcome.FAILED:
         error = "\n".join(filter(None, [error, tail(workdir / "stderr.log")]))
     ranks = _rank_results(reading, reports, exit_info, ceiling)
-    return dataclasses.replace(
+    result = dataclasses.replace(
         _result(outcome, error, request, device, reading, exit_info, report, workdir, ranks), load=load
     )
+    if request.sweep and report is not None and report.segments:
+        return _swept(result, report.segments, request, reading)
+    return result
+
+
+def _swept(
+    first: TrialResult, segments: list[Segment], request: TrialRequest, reading: MemoryReading
+) -> TrialResult:
+    """A sweep's result per plan: each segment that completed, with its own steps and its own peak (the
+    samples filed under its phase, the first's under its steps; on the CPU never below the process's
+    resident high-water mark over the segment), then the segment the trial ended in with the trial's
+    outcome (out of memory, over budget, failed); plans after it were not measured."""
+    plans = [request.plan, *request.sweep]
+    results = []
+    for i, segment in enumerate(segments):
+        sampled = (
+            max(reading.by_step.values(), default=0)
+            if i == 0
+            else reading.by_phase.get(SEGMENT_PHASE + segment.plan, 0)
+        )
+        exact = segment.rss_peak if reading.method == "rss" and segment.rss_peak is not None else 0
+        speed = median_interval(
+            [n / s for n, s in zip(segment.step_samples, segment.step_seconds, strict=True)]
+        )
+        results.append(
+            dataclasses.replace(
+                first,
+                outcome=Outcome.COMPLETE,
+                error=None,
+                plan=segment.plan_applied or segment.plan,
+                peak_bytes=max(sampled, exact),
+                samples_per_sec=speed.mid if speed else None,
+                samples_per_sec_low=speed.low if speed else None,
+                samples_per_sec_high=speed.high if speed else None,
+                step_seconds=segment.step_seconds,
+                torch_peak_allocated=segment.torch_peak_allocated,
+                torch_peak_reserved=segment.torch_peak_reserved,
+                warmup_steps=segment.warmup_steps,
+                warmup_peak_bytes=first.warmup_peak_bytes if i == 0 else None,
+                steady_peak_bytes=first.steady_peak_bytes if i == 0 else None,
+                phase_peaks=None,
+                tokens_per_sec=_segment_tokens(segment),
+                startup_seconds=first.startup_seconds if i == 0 else None,
+                measured_seconds=sum(segment.step_seconds) or None,
+            )
+        )
+    if first.outcome is not Outcome.COMPLETE and len(segments) < len(plans):
+        plan = plans[len(segments)]
+        results.append(
+            dataclasses.replace(
+                first,
+                plan=plan,
+                peak_bytes=max(
+                    reading.by_phase.get(SEGMENT_PHASE + plan, 0),
+                    reading.peak_bytes if first.outcome.out_of_memory else 0,
+                ),
+                samples_per_sec=None,
+                samples_per_sec_low=None,
+                samples_per_sec_high=None,
+                step_seconds=(),
+                phase_peaks=None,
+                startup_seconds=None,
+                measured_seconds=None,
+            )
+        )
+    head, *rest = results
+    return dataclasses.replace(head, sweep=tuple(rest))
+
+
+def _segment_tokens(segment: Segment) -> float | None:
+    if not segment.step_tokens or len(segment.step_tokens) != len(segment.step_seconds):
+        return None
+    speed = median_interval([n / s for n, s in zip(segment.step_tokens, segment.step_seconds, strict=True)])
+    return speed.mid if speed is not None else None
 
 
 def _rank_results(
@@ -255,6 +335,7 @@ def _request(
     probe: bool,
     grad_accum: int | None,
     check_plans: tuple[str, ...] = (),
+    sweep: tuple[str, ...] = (),
 ) -> TrialRequest:
     return TrialRequest(
         batch_size=batch_size,
@@ -273,6 +354,7 @@ def _request(
         settle_steps=settings.settle_steps,
         settled_path=str(workdir / "settled.json") if settings.settle_steps else "",
         tight=settings.tight,
+        sweep=sweep,
     )
 
 

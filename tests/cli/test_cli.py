@@ -227,8 +227,14 @@ def test_doctor_reports_what_works_here_without_importing_torch() -> None:
         "CPU memory (process trees)",
         "SQLite (default storage)",
         "PostgreSQL driver",
+        "Ray cluster",
         "ONNX Runtime backend",
     }
+    ray = checks["Ray cluster"]  # make test never installs Ray, and starts no cluster (tests/cluster does)
+    assert not ray["ok"] and (
+        ray["hint"] == "only for --executor ray: pip install 'autotune[ray]'"
+        or ray["detail"].startswith("no Ray cluster at auto: ")
+    ), ray
     assert checks["torch"]["ok"] and checks["torch"]["detail"].startswith("2.13.0")
     assert checks["torch"]["required"]
     assert (

@@ -131,6 +131,16 @@ def test_two_gpu_trials_are_placed_whole_and_never_share_a_gpu(tmp_path: Path, c
 
     cluster.add("a", cpus=4, gpus=4)
     cluster.add("b", cpus=4, gpus=3)
+    doctor = subprocess.run(
+        [AUTOTUNE, "doctor", "--json", "--ray-address", cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    (seen,) = [c for c in json.loads(doctor.stdout) if c["name"] == "Ray cluster"]
+    assert seen["ok"], seen
+    assert f"cluster at {cluster.address}: 3 node(s), 7 GPU(s) (" in seen["detail"]  # head, a, b
+    assert seen["detail"].endswith("per node), 8 CPU(s)"), seen
     spec = _spec(
         tmp_path,
         [str(SCRIPTS / "fake_gpu_trial.py"), "--per-sample-mib", "100", "--step-seconds", "0.15"],

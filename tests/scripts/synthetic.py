@@ -117,6 +117,7 @@ def main() -> None:
     p.add_argument("--hang-rank", type=int, default=None, help="this rank stops stepping at --hang-at")
     p.add_argument("--hang-at", type=int, default=2)
     p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
+    p.add_argument("--oom-plan", default=None, help="raise MemoryError at the first step with this plan")
     p.add_argument(
         "--kill-launcher-above",
         type=int,
@@ -167,7 +168,7 @@ def main() -> None:
     plan = os.environ.get("AUTOTUNE_PLAN", "none")
     reading = count_reading(args.state_dir, batch, plan)
     extra = named_value(args.extra_mib, batch, plan, reading, 0.0)
-    held = touched(args.base_mib + extra + batch * args.per_sample_mib * scale * (1 - saving))  # noqa: F841
+    held = touched(args.base_mib + extra + batch * args.per_sample_mib * scale * (1 - saving))
     for _ in range(args.forks):  # workers that inherit what it holds and never write it (a DataLoader's)
         if os.fork() == 0:
             while True:
@@ -182,6 +183,14 @@ def main() -> None:
     time.sleep(args.startup_seconds)  # imports, building a model, CUDA: a GPU trial's ~18 s (issue 31)
     grown = []
     for step in range(args.steps):
+        if os.environ.get("AUTOTUNE_PLAN", "none") != plan:  # a sweep switched the plan between steps
+            plan = os.environ["AUTOTUNE_PLAN"]
+            saving, overhead = plan_effect(args.plan_effects, plan)
+            del held
+            held = touched(args.base_mib + extra + batch * args.per_sample_mib * scale * (1 - saving))
+            step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
+        if plan == args.oom_plan:
+            raise MemoryError(f"synthetic allocation failure with plan {plan}")
         if args.grow_mib and (args.grow_steps is None or step < args.grow_steps):
             grown.append(touched(args.grow_mib))
         if step == args.crash_at and batch > args.crash_above:
