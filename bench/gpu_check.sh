@@ -36,6 +36,8 @@ echo "took $(($(date +%s) - start)) s"
 echo "== autotune best --budget 3GiB --json (time), then the same run again (zero trials)"
 time autotune best --budget 3GiB --json examples/gpt.py
 autotune run --device cuda --budget 3GiB --trials 8 examples/gpt.py 2>&1 | head -1
+echo "== several plans in one process (run --sweep, on by default here) against one process per plan, NVML"
+python3 bench/sweep.py --device cuda --rounds 2
 echo "== autotune best's latency in fresh processes (NVML resolves the device here), beside its floors"
 python3 bench/best_latency.py --repeat 5
 rm -rf "$cache"

@@ -8,7 +8,10 @@ seconds of start-up, as a real script's does). Per case it prints the ratio of t
 separate trials' (median over the rounds, with its range), the start-up the separate trials paid, and the
 largest difference between a plan's peak in the sweep and alone.
 
-Run: python bench/sweep.py [--rounds 3] [--out bench/results/sweep-cpu.txt]
+On a GPU (``--device cuda``) the same, metered through NVML: whether CUDA's emptied cache gives each plan its
+own peak there (tests/trials/test_sweep_trial.py checks it on the CPU).
+
+Run: python bench/sweep.py [--rounds 3] [--device cpu|cuda] [--out bench/results/sweep-cpu.txt]
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.plans import parse_plan  # noqa: E402
-from autotune.hardware.devices import cpu_device  # noqa: E402
-from autotune.hardware.meters import RssMeter  # noqa: E402
+from autotune.hardware.devices import Device, resolve_device  # noqa: E402
+from autotune.hardware.meters import make_meter  # noqa: E402
 from autotune.trials.command import TrialCommand  # noqa: E402
 from autotune.trials.measurement import run_trial  # noqa: E402
 from autotune.trials.result import TrialResult  # noqa: E402
@@ -56,10 +59,12 @@ CASES = {
 }
 
 
-def trial(cache: Path, words: list[str], batch: int, plan: str, sweep: tuple[str, ...] = ()) -> TrialResult:
+def trial(
+    device: Device, cache: Path, words: list[str], batch: int, plan: str, sweep: tuple[str, ...] = ()
+) -> TrialResult:
     environ = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     result = run_trial(
-        TrialCommand.parse(words), batch, parse_plan(plan), cpu_device(), RssMeter(),
+        TrialCommand.parse(words), batch, parse_plan(plan), device, make_meter(device),
         TrialSettings(2, 5, 300, 600), cache, environ, sweep=sweep,
     )  # fmt: skip
     for r in (result, *result.sweep):
@@ -71,10 +76,13 @@ def trial(cache: Path, words: list[str], batch: int, plan: str, sweep: tuple[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (NVML)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    device = resolve_device(args.device, os.environ)
     lines = [
-        f"machine: {platform.node()}, {os.cpu_count()} cores; Python {platform.python_version()}; CPU trials"
+        f"machine: {platform.node()}, {os.cpu_count()} cores; Python {platform.python_version()}; "
+        f"trials on {device.name} ({device})"
     ]
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
@@ -85,10 +93,10 @@ def main() -> None:
             ratios, startups, differences = [], [], []
             for _ in range(args.rounds):  # interleaved: a sweep, then the same plans one process each
                 started = time.perf_counter()
-                swept = trial(root, words, batch, plans[0], plans[1:])
+                swept = trial(device, root, words, batch, plans[0], plans[1:])
                 swept_wall = time.perf_counter() - started
                 started = time.perf_counter()
-                alone = [trial(root, words, batch, plan) for plan in plans]
+                alone = [trial(device, root, words, batch, plan) for plan in plans]
                 alone_wall = time.perf_counter() - started
                 ratios.append(swept_wall / alone_wall)
                 startups.append(sum(a.startup_seconds or 0.0 for a in alone) / alone_wall)

