@@ -244,14 +244,17 @@ def _swept(
     """A sweep's result per plan: each segment that completed, with its own steps and its own peak (the
     samples filed under its phase, the first's under its steps; on the CPU never below the process's
     resident high-water mark over the segment), then the segment the trial ended in with the trial's
-    outcome (out of memory, over budget, failed); plans after it were not measured."""
+    outcome (out of memory, over budget, failed); plans after it were not measured. Every plan's peak covers
+    the process's start-up (the samples before its first step ended), as its own trial's would: a job with
+    that plan starts the same way."""
     plans = [request.plan, *request.sweep]
     results = []
+    startup = reading.by_step.get(0, 0)
     for i, segment in enumerate(segments):
         sampled = (
             max(reading.by_step.values(), default=0)
             if i == 0
-            else reading.by_phase.get(SEGMENT_PHASE + segment.plan, 0)
+            else max(reading.by_phase.get(SEGMENT_PHASE + segment.plan, 0), startup)
         )
         exact = segment.rss_peak if reading.method == "rss" and segment.rss_peak is not None else 0
         speed = median_interval(
