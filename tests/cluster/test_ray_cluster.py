@@ -317,3 +317,41 @@ def test_a_driver_killed_and_rerun_resumes(tmp_path: Path, cluster: LocalCluster
     ]
     configs = [(t.params["batch_size"], t.params["plan"]) for t in measured]
     assert len(configs) == len(set(configs)) == 3
+
+
+def test_a_worker_and_ray_serve_one_study_together(tmp_path: Path, cluster: LocalCluster) -> None:
+    """`autotune run --executor ray` on a cluster that places one trial at a time, and an `autotune worker`
+    on the same database: each in-flight configuration holds its lease, so both measure trials of the one
+    study (Ray's with a placement, the worker's without), none twice, and nothing is left RUNNING."""
+    cluster.add("a", cpus=1)
+    driver = _driver(
+        tmp_path, cluster.address, "--exhaustive", "--trials", "5", "--batch-sizes", "1,2,3,4,5,6,8"
+    )
+    worker = None
+    try:
+        _measured_trial_running(tmp_path / "cache")
+        worker = subprocess.Popen(
+            [AUTOTUNE, "worker", "--once", "--devices", "cpu", "--study", "ray", "--cache-dir", str(tmp_path / "cache")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        out, _ = driver.communicate(timeout=240)
+        helped, _ = worker.communicate(timeout=120)
+    finally:
+        driver.kill()
+        if worker is not None:
+            worker.kill()
+    assert driver.returncode == 0, out
+    assert worker.returncode == 0, helped
+    trials = stored_trials(f"sqlite:///{tmp_path / 'cache' / 'autotune.db'}", "ray")
+    assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}  # nothing RUNNING, nothing lost
+    measured = [t for t in _ran(trials) if t.user_attrs["kind"] == "measured"]
+    on_ray = [t for t in measured if "placement" in t.user_attrs]
+    by_worker = [t for t in measured if "placement" not in t.user_attrs]
+    assert on_ray and by_worker, (len(on_ray), len(by_worker))
+    assert {t.user_attrs["worker"] for t in on_ray}.isdisjoint({t.user_attrs["worker"] for t in by_worker})
+    counted = [
+        (t.params["batch_size"], t.params["plan"])
+        for t in measured
+        if t.user_attrs.get("proposed_by") != "re-measure"
+    ]
+    assert len(counted) == len(set(counted))  # no configuration measured twice
