@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,9 +47,9 @@ from autotune.trials.settings import TrialSettings
 
 RAY_EXTRA = "pip install 'autotune[ray]'"
 WAIT_NOTE_SECONDS = 30.0  # a group not placed after this long is said, then once a minute
-STOP_GRACE_SECONDS = (
-    15.0  # a share asked to stop (Ray's cancel: KeyboardInterrupt in the task) gets this long
-)
+# a share asked to stop (Ray's cancel: KeyboardInterrupt in the task) gets this long
+STOP_GRACE_SECONDS = 15.0
+CONNECT_SECONDS = 5.0  # a cluster's address must accept a connection within this
 
 
 def import_ray() -> Any:
@@ -152,9 +153,15 @@ class RayCluster:
         self.cache, self.host_budget_asked, self.say, self.nvml = cache, host_budget, say, nvml
         self.scripts = scripts_named(command.words, command.cwd or ".")
         if not self.ray.is_initialized():
-            self.ray.init(
-                address=address, logging_level=logging.WARNING, log_to_driver=False, namespace="autotune"
-            )
+            _check_answers(address or os.environ.get("RAY_ADDRESS"))
+            try:
+                self.ray.init(
+                    address=address, logging_level=logging.WARNING, log_to_driver=False, namespace="autotune"
+                )
+            except Exception as e:  # Ray's own: a cluster of another version, a refused connection
+                raise DeviceError(
+                    f"cannot connect to the Ray cluster at {address or 'auto'}: {first_line(str(e))}"
+                ) from e
         self.address = address or self.ray.get_runtime_context().gcs_address
         has_gpus = self.ray.cluster_resources().get("GPU", 0) > 0
         gpus = 0 if text == "cpu" or (text == "auto" and not has_gpus) else gpus_per_trial
@@ -357,6 +364,24 @@ class RayRunner:
 
     def check(self) -> None:
         check_between(self.shield, self.stop)
+
+
+def _check_answers(address: str | None) -> None:
+    """A cluster's address (``host:port``) answers, before Ray's own connection, which retries a wrong
+    address for minutes.
+
+    Raises:
+        DeviceError: nothing listens there."""
+    if address is None or address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except (OSError, ValueError) as e:
+        raise DeviceError(
+            f"no Ray cluster answers at {address} ({e}): start one (ray start --head) or give its address "
+            "(--ray-address, RAY_ADDRESS)"
+        ) from None
 
 
 def describe(nodes: Sequence[Mapping[str, float]]) -> str:

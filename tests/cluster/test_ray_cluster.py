@@ -355,3 +355,25 @@ def test_a_worker_and_ray_serve_one_study_together(tmp_path: Path, cluster: Loca
         if t.user_attrs.get("proposed_by") != "re-measure"
     ]
     assert len(counted) == len(set(counted))  # no configuration measured twice
+
+
+def test_an_address_where_no_cluster_answers_is_one_line(tmp_path: Path) -> None:
+    """Ray's own connection retries a wrong address for minutes: autotune checks it answers first."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    started = time.monotonic()
+    run = subprocess.run(
+        [AUTOTUNE, "run", "--budget", "1GiB", "--executor", "ray", "--ray-address", f"127.0.0.1:{port}",
+         "--cache-dir", str(tmp_path / "cache"), str(SYNTHETIC)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 4, run.stderr
+    assert run.stderr.startswith(f"Error: no Ray cluster answers at 127.0.0.1:{port} (")
+    assert run.stderr.strip().endswith(
+        "start one (ray start --head) or give its address (--ray-address, RAY_ADDRESS)"
+    )
+    assert len(run.stderr.strip().splitlines()) == 1 and time.monotonic() - started < 30
+    assert not (tmp_path / "cache" / "trials").exists()
