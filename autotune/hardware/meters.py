@@ -53,6 +53,9 @@ class RankPeak:
     peak_bytes: int
 
 
+HOST_METHODS = ("rss", "rss-tree")  # the methods whose reading is host memory (the CPU's meters)
+
+
 @dataclass(frozen=True)
 class MemoryReading:
     """The measured peak of one trial."""

@@ -14,15 +14,22 @@ before the search concludes anything from it; and before the stop rule ends a se
 decide it (the incumbent's, and the reference plan's largest batch size, which bounds how far every other
 configuration could climb) are measured again, interleaved, if a busy machine took them (or nothing says
 it was quiet: a kernel without CPU pressure).
+
+Load only ever slows a trial. Where two configurations' readings contradict an order no training step
+breaks (in one plan, a larger batch's step no shorter than a smaller one's; at one batch size, ``none`` no
+slower than a plan that recomputes), the slower side, read once, is *out of order*: measured again before
+the search concludes anything from it (:func:`out_of_order`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 from autotune.core.protocol import Outcome
-from autotune.core.stats import Interval
+from autotune.core.stats import Interval, pooled
 from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord
+from autotune.search.throughput_model import plan_recomputes_at_least
 
 LOADED = 0.05  # CPU pressure (a share of the trial's time) above the quietest trial's: a disturbed reading
 BETWEEN_FLOOR = 0.05  # two quiet trials of one configuration differ by up to about this much
@@ -87,6 +94,38 @@ def contradicted(records: list[TrialRecord]) -> Configuration | None:
         if 2 <= len(rs) < MAX_READINGS and disagree(_intervals(rs)) and not in_flight(records, config):
             found.append((len(rs), config))
     return min(found)[1] if found else None
+
+
+def out_of_order(records: list[TrialRecord]) -> Configuration | None:
+    """A configuration read once whose reading a busy machine must have slowed (see the module docstring),
+    the smallest batch size first (the cheapest trial); None when every reading keeps the order. Each side
+    is taken at its interval's edge toward the other (at least ±BETWEEN_FLOOR), so only a contradiction
+    beyond what two quiet trials differ by counts.
+
+    Issue 31's CI run read none@1 15% slow (a 0.05 s step beside a core another test was using): its step
+    as long as at 24 leaves the fitted line no per-sample time, which values every large batch as if free."""
+    speeds = {c: i for c in {r.config for r in records if r.config} if (i := _pooled(records, c)) is not None}
+
+    def edge(config: Configuration, sign: int) -> float:
+        speed = speeds[config]
+        return speed.mid * (1 + sign * max(speed.noise, BETWEEN_FLOOR))
+
+    suspects = set()
+    for slow, other in itertools.permutations(speeds, 2):
+        (batch, plan), (other_batch, other_plan) = slow, other
+        if plan == other_plan and batch < other_batch:  # a longer step at the smaller batch
+            wrong = batch / edge(slow, +1) > other_batch / edge(other, -1)
+        elif batch == other_batch and plan == "none" and other_plan != "none":  # none slower than a recompute
+            wrong = plan_recomputes_at_least(other_plan, "none") and edge(other, -1) > edge(slow, +1)
+        else:
+            continue
+        if wrong and len(readings(records, slow)) == 1 and not in_flight(records, slow):
+            suspects.add(slow)
+    return min(suspects, default=None)
+
+
+def _pooled(records: list[TrialRecord], config: Configuration) -> Interval | None:
+    return pooled(_intervals(readings(records, config)))
 
 
 def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> Configuration | None:

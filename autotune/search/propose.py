@@ -9,7 +9,9 @@ or the budget is hopeless. No Optuna, no database.
   bounds another's: memory is not assumed monotonic across plans or in a plan parameter (a ratio,
   torch.compile's budget), so only a plan's own measurements rule it out.
 - *Re-measurement* (autotune.search.noise): a configuration whose readings disagree is measured again
-  before anything is concluded from it.
+  before anything is concluded from it, and so is one read once whose reading breaks an order no step
+  breaks (a longer step at a smaller batch of one plan, none slower than a recompute plan): load only
+  slows, so the slower reading is the suspect (not in an exhaustive search, which extrapolates nothing).
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
   (autotune.search.memory_model), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
@@ -37,7 +39,7 @@ from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
-from autotune.search.noise import contradicted, next_attempt, unsettled
+from autotune.search.noise import contradicted, next_attempt, out_of_order, unsettled
 from autotune.search.records import Configuration, ProposedBy, TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
 from autotune.search.throughput_model import Reading, ThroughputModel
@@ -127,6 +129,9 @@ def propose(
     untried = [Configuration(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
         return Proposal(*untried[0], ProposedBy.FRONTIER) if untried else None
+    # what the throughput model extrapolates from (an exhaustive search measures every frontier anyway)
+    if (again := out_of_order(records)) is not None:
+        return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     per_rank = rank_frontier(records, model, space, limit)
     frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})
     candidates = _candidates(frontier, space, tried)

@@ -18,7 +18,7 @@ The search asks for an *optimistic* prediction, the most a configuration could r
 and how noisy the readings were: the fit plus the readings' noise; beyond the largest batch measured, the
 flattest step-time line the noisy readings allow (with one batch size measured: throughput proportional to
 the batch, which no real step beats); below a larger batch the plan was read at, no less than that reading
-allows (throughput does not fall with the batch: the reading bounds every smaller one); for a plan, the smallest overhead its readings allow, or, unmeasured,
+allows (throughput does not fall with the batch: the reading bounds every smaller one); for a plan, the smallest overhead its readings allow (and, on whichever line, no less than the seconds per sample its recompute was measured to add), or, unmeasured,
 its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes; an offload
 plan, unmeasured, at least the time its saved bytes take to the host and back over the fastest link a GPU has
 (``transfer``: seconds per sample, HOST_LINK_BYTES_PER_SECOND), beyond the per-sample time it could hide
@@ -79,6 +79,8 @@ class ThroughputModel:
     largest: int = 0  # the largest batch size of the reference plan that was measured
     noise: float = NOISE_FLOOR  # the reference plan's readings' median relative noise
     overhead: dict[str, Interval] = field(default_factory=dict)  # measured, per plan
+    # what each measured plan's recompute adds to a step, in seconds per sample (see :meth:`least_extra`)
+    extra: dict[str, Interval] = field(default_factory=dict)
     forward_shares: dict[str, float] = field(default_factory=dict)  # the probe's, per plan
     # an offload plan's least seconds per sample moving its saved tensors to the host and back
     transfer: dict[str, float] = field(default_factory=dict)
@@ -119,12 +121,16 @@ class ThroughputModel:
             pooled=configs,
             between=between_trials(list(grouped.values())),
         )
-        overhead = {
-            plan: o
+        measured = {
+            plan: found
             for plan, points in by_plan.items()
-            if plan != reference and (o := model._measured_overhead(points)) is not None
+            if plan != reference and (found := model._measured_overhead(points)) is not None
         }
-        return dataclasses.replace(model, overhead=overhead)
+        return dataclasses.replace(
+            model,
+            overhead={plan: relative for plan, (relative, _) in measured.items()},
+            extra={plan: seconds for plan, (_, seconds) in measured.items()},
+        )
 
     def predict(self, batch: int, plan: str) -> float | None:
         """Expected samples/s of ``plan`` at ``batch`` (None before two batch sizes were measured)."""
@@ -151,14 +157,13 @@ class ThroughputModel:
     def _optimistic(self, batch: int, plan: str) -> float | None:
         if self.reference is None or self.flat is None:
             return None
-        overhead = self.least_overhead(plan)
         # Below the largest batch measured, the flattest line is taken at it: throughput never falls with
         # a larger batch, so what it allows there bounds every smaller one.
-        flat = self.flat.speed(max(batch, self.largest), overhead)
+        flat = self._least_speed(self.flat, max(batch, self.largest), plan)
         if self.line is None:
             value = flat
         else:
-            fitted = self.line.speed(batch, overhead) * (1 + max(self.noise, self.between))
+            fitted = self._least_speed(self.line, batch, plan) * (1 + max(self.noise, self.between))
             value = max(fitted, flat) if batch > self.largest else fitted
         # Throughput never falls with a larger batch: a reading of the plan at this or a larger one (over the
         # budget too) bounds it from above, and the bound is what it could reach. A line pulled down by one
@@ -172,6 +177,32 @@ class ThroughputModel:
         ):  # nor above none's at its batch
             value = min(value, self.optimistic(batch, "none") or value)
         return value
+
+    def _least_speed(self, line: Line, batch: int, plan: str) -> float:
+        """The most samples/s ``plan`` reaches at ``batch`` on the reference's ``line``: its step no
+        shorter than the line's with the plan's least relative overhead, nor than the line's plus the least
+        time the plan's recompute was measured to add per sample (:meth:`least_extra`)."""
+        step = line.step(batch, self.least_overhead(plan))
+        if (extra := self.least_extra(plan)) is not None:
+            step = max(step, line.step(batch) + extra * batch)
+        return batch / step if step > 0 else float("inf")
+
+    def least_extra(self, plan: str) -> float | None:
+        """The least time ``plan``'s recompute adds to a step, in seconds per sample, as measured: its own
+        readings against the reference's at the same batch size, and no less than a plan it recomputes at
+        least as much as was measured to add; None with no such reading.
+
+        A relative overhead is a multiple of the reference line's per-sample time: on the flattest line the
+        readings allow (whose per-sample time may be a fraction of the fitted one's) it would shrink the
+        measured recompute with it. The recompute's seconds were measured, not fitted: issue 31's CI run
+        read none@1 15% slow under load (its step nearly as long as at 24), the flattest line then had
+        almost no per-sample time, and B:1 at 4x the work was valued 1,147 samples/s at 128, above
+        A:1@64's 985, and measured first."""
+        found = [e.low for p, e in self.extra.items() if p == plan or plan_recomputes_at_least(plan, p)]
+        if not found:
+            return None
+        least = max(found)
+        return max(least, 0.0) if self.reference == "none" and not _own_off(plan) else least
 
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
@@ -221,12 +252,13 @@ class ThroughputModel:
         expected = self.forward_shares.get(plan, 0.0) * EXPECTED_FORWARD_SHARE
         return max(expected, self._transfer_overhead(plan)) if plan in self.transfer else expected
 
-    def _measured_overhead(self, points: dict[int, Interval]) -> Interval | None:
+    def _measured_overhead(self, points: dict[int, Interval]) -> tuple[Interval, Interval] | None:
         """A plan's overhead from its readings: how much longer its per-sample time is than the reference
         plan's at the same batch size (measured there, or fitted), with both readings' noise. Where the
         per-sample time is too small a share of the step to divide by, the whole step's ratio, which is
-        smaller: an optimistic bound stays a bound."""
+        smaller: an optimistic bound stays a bound. Beside it, the same difference in seconds per sample."""
         estimates = []
+        seconds = []
         for batch, speed in points.items():
             ref = self.pooled.get(Configuration(batch, self.reference or ""))
             if ref is not None:
@@ -241,6 +273,9 @@ class ThroughputModel:
             if per_sample < PER_SAMPLE_SHARE_MIN * ref_step:
                 per_sample = ref_step  # the whole step's ratio
             extra = step - ref_step
+            seconds.append(
+                Interval((extra - noise * step) / batch, extra / batch, (extra + noise * step) / batch)
+            )
             estimates.append(
                 Interval(
                     (extra - noise * step) / per_sample,
@@ -250,11 +285,16 @@ class ThroughputModel:
             )
         if not estimates:
             return None
-        return Interval(
-            min(e.low for e in estimates),
-            float(np.median([e.mid for e in estimates])),
-            max(e.high for e in estimates),
-        )
+        return _spanning(estimates), _spanning(seconds)
+
+
+def _spanning(estimates: Sequence[Interval]) -> Interval:
+    """From the lowest low to the highest high, about the median."""
+    return Interval(
+        min(e.low for e in estimates),
+        float(np.median([e.mid for e in estimates])),
+        max(e.high for e in estimates),
+    )
 
 
 def between_trials(readings: Sequence[Sequence[Interval]]) -> float:

@@ -38,7 +38,7 @@ from autotune.core.stats import median_interval
 from autotune.hardware.devices import Device, gpus_in, resolve_device
 from autotune.hardware.host import default_host_budget
 from autotune.hardware.load import LoadSnapshot
-from autotune.hardware.meters import MemoryMeter, MemoryReading, make_meter
+from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
 from autotune.trials.interrupts import InterruptShield
@@ -222,7 +222,8 @@ def run_trial(
         if reports or started
         else _read_report(Path(request.report_path))
     )
-    outcome, error = classify(exit_info, report, settings)
+    host_read = reading.peak_bytes if reading.method in HOST_METHODS else None
+    outcome, error = classify(exit_info, report, settings, host_read)
     if outcome is not Outcome.COMPLETE and (refused := unwritable(workdir)) is not None:
         raise files_fault(
             workdir, refused

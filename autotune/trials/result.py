@@ -123,9 +123,15 @@ class TrialResult:
 
 
 def classify(
-    exit_info: ProcessExit, report: TrialReport | None, settings: TrialSettings
+    exit_info: ProcessExit,
+    report: TrialReport | None,
+    settings: TrialSettings,
+    host_read: int | None = None,
 ) -> tuple[Outcome, str | None]:
-    """The outcome of a trial from its exit status and its report (never from its logs)."""
+    """The outcome of a trial from its exit status and its report (never from its logs). ``host_read``: the
+    peak the meter read where what it reads is host memory (the CPU's resident memory, as the host watch
+    reads it): a trial that passed the host budget between two of the watch's samples (a quarter of a
+    second apart, longer on a busy machine) and ended before the next is no answer either."""
     if exit_info.timed_out == "startup":
         return Outcome.TIMEOUT, f"no training step within {settings.startup_timeout:g}s"
     if exit_info.timed_out == "run":
@@ -137,6 +143,12 @@ def classify(
         return Outcome.KILLED, (
             f"stopped as its host memory passed the host budget ({mib(exit_info.host_last_bytes)}{pinned}, "
             f"budget {mib(exit_info.host_budget)}: --host-budget), before the kernel's out-of-memory killer"
+        )
+    budget = exit_info.host_budget
+    if report is not None and report.outcome is Outcome.COMPLETE and budget and (host_read or 0) > budget:
+        return Outcome.KILLED, (
+            f"its host memory passed the host budget ({mib(host_read)}, budget {mib(budget)}: "
+            "--host-budget) between two of the host watch's samples; a longer run would have been stopped"
         )
     if report is not None:
         return report.outcome, report.error

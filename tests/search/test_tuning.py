@@ -57,8 +57,18 @@ def study_trials(cache: Path, name: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def measured(cache: Path, study: str) -> list[tuple[int, str]]:
-    trials = study_trials(cache, study)
-    return [(t.params["batch_size"], t.params["plan"]) for t in trials if t.user_attrs["kind"] == "measured"]
+    """The configurations measured, in order, each once: a re-measurement (a busy machine's reading read
+    again, autotune.search.noise) is not a configuration tried; it must be of one measured before it."""
+    trials = [t for t in study_trials(cache, study) if t.user_attrs["kind"] == "measured"]
+    first: list[tuple[int, str]] = []
+    for t in trials:
+        config = (t.params["batch_size"], t.params["plan"])
+        if t.user_attrs["proposed_by"] == "re-measure":
+            assert config in first, f"{config} was read again before it was measured"
+        else:
+            first.append(config)
+    assert len(first) == len(set(first)), first
+    return first
 
 
 def test_the_search_finds_the_exact_winner_in_six_trials_and_says_why_it_stopped(tmp_path) -> None:
