@@ -24,10 +24,10 @@ the search concludes anything from it (:func:`out_of_order`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from autotune.core.protocol import Outcome
-from autotune.core.stats import Interval, pooled
+from autotune.core.stats import Interval
 from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord
 from autotune.search.throughput_model import plan_recomputes_at_least
 
@@ -96,15 +96,17 @@ def contradicted(records: list[TrialRecord]) -> Configuration | None:
     return min(found)[1] if found else None
 
 
-def out_of_order(records: list[TrialRecord]) -> Configuration | None:
+def out_of_order(
+    records: list[TrialRecord], speeds: Mapping[Configuration, Interval]
+) -> Configuration | None:
     """A configuration read once whose reading a busy machine must have slowed (see the module docstring),
-    the smallest batch size first (the cheapest trial); None when every reading keeps the order. Each side
+    the smallest batch size first (the cheapest trial); None when every reading keeps the order. ``speeds``:
+    each configuration's readings pooled (ThroughputModel.pooled). Each side
     is taken at its interval's edge toward the other (at least ±BETWEEN_FLOOR), so only a contradiction
     beyond what two quiet trials differ by counts.
 
     Issue 31's CI run read none@1 15% slow (a 0.05 s step beside a core another test was using): its step
     as long as at 24 leaves the fitted line no per-sample time, which values every large batch as if free."""
-    speeds = {c: i for c in {r.config for r in records if r.config} if (i := _pooled(records, c)) is not None}
 
     def edge(config: Configuration, sign: int) -> float:
         speed = speeds[config]
@@ -122,10 +124,6 @@ def out_of_order(records: list[TrialRecord]) -> Configuration | None:
         if wrong and len(readings(records, slow)) == 1 and not in_flight(records, slow):
             suspects.add(slow)
     return min(suspects, default=None)
-
-
-def _pooled(records: list[TrialRecord], config: Configuration) -> Interval | None:
-    return pooled(_intervals(readings(records, config)))
 
 
 def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> Configuration | None:

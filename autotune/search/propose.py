@@ -130,7 +130,7 @@ def propose(
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
         return Proposal(*untried[0], ProposedBy.FRONTIER) if untried else None
     # what the throughput model extrapolates from (an exhaustive search measures every frontier anyway)
-    if (again := out_of_order(records)) is not None:
+    if (again := out_of_order(records, speed.pooled)) is not None:
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     per_rank = rank_frontier(records, model, space, limit)
     frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})

@@ -273,16 +273,9 @@ class ThroughputModel:
             if per_sample < PER_SAMPLE_SHARE_MIN * ref_step:
                 per_sample = ref_step  # the whole step's ratio
             extra = step - ref_step
-            seconds.append(
-                Interval((extra - noise * step) / batch, extra / batch, (extra + noise * step) / batch)
-            )
-            estimates.append(
-                Interval(
-                    (extra - noise * step) / per_sample,
-                    extra / per_sample,
-                    (extra + noise * step) / per_sample,
-                )
-            )
+            span = (extra - noise * step, extra, extra + noise * step)  # seconds a step, with the noise
+            seconds.append(Interval(*(v / batch for v in span)))
+            estimates.append(Interval(*(v / per_sample for v in span)))
         if not estimates:
             return None
         return _spanning(estimates), _spanning(seconds)

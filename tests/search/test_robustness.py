@@ -462,8 +462,8 @@ def test_none_read_slower_than_a_plan_that_recomputes_is_read_again() -> None:
         plan_reading(2, 24, "none", 230.0, 8),  # slowed 40%
         plan_reading(3, 24, "A:1", 363.4, 4),
     ]
-    assert out_of_order(records) == (24, "none")
+    assert out_of_order(records, speed_of(records).pooled) == (24, "none")
     records.append(plan_reading(4, 24, "none", 232.0, 8))  # read as slow again: believed
-    assert out_of_order(records) is None
+    assert out_of_order(records, speed_of(records).pooled) is None
     own_off = [*records[:3], plan_reading(3, 24, "own:off", 363.4, 4)]
-    assert out_of_order(own_off) is None
+    assert out_of_order(own_off, speed_of(own_off).pooled) is None
