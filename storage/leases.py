@@ -31,6 +31,41 @@ class LeaseTables(Tables):
         """Take the configuration for ``worker``: None if any worker has taken it before (unique key)."""
         return self._insert_lease(study, kind, batch, plan, attempt, LeaseState.RUNNING, worker, device, None)
 
+    def claim_verification(self, study: str, batch: int, plan: str, worker: str, device: str) -> Lease | None:
+        """Take the verification of (``batch``, ``plan``) for ``worker``: None if any worker has taken it
+        before, or another verification of ``study`` is running or queued. One verification at a time: two
+        runs of a study under load each found none running, then each claimed its own leader (two tied
+        configurations) and verified it, the later answer overwriting the earlier. The check and the
+        insert are one statement (SQLite runs a write statement alone), on PostgreSQL behind a lock on
+        the study's verifications held to the commit (READ COMMITTED would let two inserts pass)."""
+        kind, leases = LeaseKind.VERIFY, schema.leases
+        lease = Lease(0, study, kind, batch, plan, 0, LeaseState.RUNNING, worker, device, None, 0, None)
+        values = {**_columns(lease), "updated_at": now()}
+        values.pop("id")
+        ours = (leases.c.study_name == study, leases.c.kind == kind.value)
+        busy = sa.exists().where(
+            *ours, leases.c.state.in_([LeaseState.RUNNING.value, LeaseState.QUEUED.value])
+        )
+        taken = sa.exists().where(
+            *ours, leases.c.batch_size == batch, leases.c.plan == plan, leases.c.attempt == 0
+        )
+        row = sa.select(*(sa.literal(v, leases.c[k].type).label(k) for k, v in values.items()))
+        try:
+            with self._connect(write=True) as conn:
+                if conn.dialect.name == "postgresql":
+                    key = f"autotune verification {study}"
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": key})
+                conn.execute(sa.insert(leases).from_select(list(values), row.where(~busy, ~taken)))
+        except StorageError as e:
+            if not isinstance(e.__cause__, sa.exc.IntegrityError):
+                raise  # transient: a retry inserts nothing if this one committed, and finds it below
+            return None
+        # Ours: inserted now, or by this worker's earlier try that committed before its connection was lost.
+        mine = self.lease(study, kind, batch, plan, 0)
+        return (
+            mine if mine is not None and mine.worker == worker and mine.state is LeaseState.RUNNING else None
+        )
+
     def take_slot(self, study: str, slots: int, worker: str) -> int | None:
         """One of the study's ``slots`` trial slots (kind ``slot``, numbered from 0), or None when every
         slot is taken: with several workers, ``--trials N`` means N, not N plus one per worker."""

@@ -116,7 +116,9 @@ def out_of_order(
     for slow, other in itertools.permutations(speeds, 2):
         (batch, plan), (other_batch, other_plan) = slow, other
         if plan == other_plan and batch < other_batch:  # a longer step at the smaller batch
-            wrong = batch / edge(slow, +1) > other_batch / edge(other, -1)
+            # steps compared as batch / speed, cross-multiplied: a reading so noisy that its interval
+            # reaches 0 samples/s (a step of any length) contradicts nothing
+            wrong = batch * edge(other, -1) > other_batch * edge(slow, +1)
         elif batch == other_batch and plan == "none" and other_plan != "none":  # none slower than a recompute
             wrong = plan_recomputes_at_least(other_plan, "none") and edge(other, -1) > edge(slow, +1)
         else:

@@ -91,7 +91,7 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
         if len(tried) >= MAX_VERIFICATIONS or candidate is None:
             raise NoFitError(_no_fit_message(search, records))
         batch, plan = candidate
-        lease = store.claim(name, LeaseKind.VERIFY, batch, plan, 0, search.worker, search.device)
+        lease = store.claim_verification(name, batch, plan, search.worker, search.device)
         if lease is None:
             return Step.MISSED, None
     return Step.RAN, _verify_lease(search, lease, settings)

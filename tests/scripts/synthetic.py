@@ -5,6 +5,7 @@ autotune.step(). Flags add the misbehaviours the launcher must survive.
 """
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -29,11 +30,21 @@ def plan_effect(spec: str, plan: str) -> tuple[float, float]:
     return effects.get(plan, effects.get(plan.split(":")[0], (0.0, 0.0)))
 
 
-def count_reading(state_dir: str | None, batch: int, plan: str) -> int:
-    """How many trials of (batch, plan) ran before this one (0 without a state dir)."""
+def is_verification() -> bool:
+    """Whether this trial verifies an answer: its request lets it run on while its peak settles."""
+    request = os.environ.get("AUTOTUNE_TRIAL_REQUEST")
+    if not request:
+        return False
+    with open(request) as f:
+        return json.load(f).get("settle_steps", 0) > 0
+
+
+def count_reading(state_dir: str | None, batch: int, plan: str, kind: str = "") -> int:
+    """How many trials of (batch, plan) ran before this one (0 without a state dir); kind "v": how many of
+    its verifications."""
     if state_dir is None:
         return 0
-    path = os.path.join(state_dir, f"{batch}-{plan.replace('/', '_')}.count")
+    path = os.path.join(state_dir, f"{batch}-{plan.replace('/', '_')}{kind}.count")
     with open(path, "a+") as f:
         f.seek(0)
         before = len(f.read())
@@ -41,11 +52,17 @@ def count_reading(state_dir: str | None, batch: int, plan: str) -> int:
     return before
 
 
-def named_value(spec: str, batch: int, plan: str, reading: int, default: float) -> float:
-    """VALUE of ``BATCH:PLAN#N=VALUE`` in ``spec`` for this trial (``default`` if it is not named)."""
+def named_value(
+    spec: str, batch: int, plan: str, reading: int, default: float, verification: int | None = None
+) -> float:
+    """VALUE of ``BATCH:PLAN#N=VALUE`` in ``spec`` for this trial (``default`` if it is not named);
+    ``BATCH:PLAN#vN=VALUE`` names the configuration's N-th verification (``verification``), whatever
+    the search read of it before (a loaded machine's search reads a configuration more often)."""
     for item in filter(None, spec.split(",")):
         config, _, value = item.partition("=")
-        if config == f"{batch}:{plan}#{reading}":
+        if config == f"{batch}:{plan}#{reading}" or (
+            verification is not None and config == f"{batch}:{plan}#v{verification}"
+        ):
             return float(value)
     return default
 
@@ -93,7 +110,8 @@ def main() -> None:
     p.add_argument(
         "--extra-mib",
         default="",
-        help="BATCH:PLAN#N=MIB,...: the N-th trial (from 0) of that configuration, counted in --state-dir, "
+        help="BATCH:PLAN#N=MIB,...: the N-th trial (from 0) of that configuration (#vN: its N-th verification), "
+        "counted in --state-dir, "
         "holds MIB more, as RSS that differs between two trials of one configuration (glibc, threads)",
     )
     p.add_argument("--state-dir", default=None, help="where trials of each configuration are counted")
@@ -167,7 +185,8 @@ def main() -> None:
     batch = autotune.batch_size(default=1)
     plan = os.environ.get("AUTOTUNE_PLAN", "none")
     reading = count_reading(args.state_dir, batch, plan)
-    extra = named_value(args.extra_mib, batch, plan, reading, 0.0)
+    verification = count_reading(args.state_dir, batch, plan, "v") if is_verification() else None
+    extra = named_value(args.extra_mib, batch, plan, reading, 0.0, verification)
     held = touched(args.base_mib + extra + batch * args.per_sample_mib * scale * (1 - saving))
     for _ in range(args.forks):  # workers that inherit what it holds and never write it (a DataLoader's)
         if os.fork() == 0:

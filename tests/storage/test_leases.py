@@ -36,8 +36,8 @@ def test_sibling_threads_of_one_worker_never_share_a_claim(storage) -> None:
     assert {(x.batch_size, x.device) for x in store.leases("s")} == set(won)
 
 
-def test_a_retried_claim_that_had_committed_is_its_own(storage, monkeypatch) -> None:
-    store = open_store(storage)
+def lose_the_first_commit(monkeypatch) -> None:
+    """The first write commits, then its answer is lost with the connection (the store retries it)."""
     real = Store._connect
     calls = {"n": 0}
 
@@ -46,11 +46,16 @@ def test_a_retried_claim_that_had_committed_is_its_own(storage, monkeypatch) -> 
         with real(self, write) as conn:
             yield conn
         calls["n"] += 1
-        if write and calls["n"] == 1:  # the insert committed; its answer is lost with the connection
+        if write and calls["n"] == 1:
             lost = sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
             raise StorageError("connection lost") from lost
 
     monkeypatch.setattr(Store, "_connect", commit_then_lose_the_connection)
+
+
+def test_a_retried_claim_that_had_committed_is_its_own(storage, monkeypatch) -> None:
+    store = open_store(storage)
+    lose_the_first_commit(monkeypatch)
     lease = store.claim("s", LeaseKind.TRIAL, 8, "none", 0, WORKER, "cuda:0")
     assert lease is not None and (lease.batch_size, lease.worker, lease.state) == (
         8,
@@ -60,3 +65,47 @@ def test_a_retried_claim_that_had_committed_is_its_own(storage, monkeypatch) -> 
     assert len(store.leases("s")) == 1
     # A first try that meets the row is never its own, even for the same worker id (another thread's).
     assert store.claim("s", LeaseKind.TRIAL, 8, "none", 0, WORKER, "cuda:1") is None
+
+
+def test_one_verification_of_a_study_at_a_time(storage) -> None:
+    """Two runs of one study under load each found no verification running, then claimed their own leader
+    (none@48 and A:1@48 tied) and verified it: twice the work, and the later answer overwrote the earlier.
+    Eight threads racing to verify eight configurations: exactly one wins; the others wait for it to end."""
+    store = open_store(storage)
+    barrier = threading.Barrier(8)
+    won: list[object] = []
+
+    def claim(batch: int) -> None:
+        barrier.wait()
+        lease = store.claim_verification("s", batch, "none", f"host:{batch}:1", "cpu")
+        if lease is not None:
+            won.append(lease)
+
+    threads = [threading.Thread(target=claim, args=(batch,)) for batch in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    (first,) = won
+    assert [(x.batch_size, x.state) for x in store.leases("s")] == [(first.batch_size, LeaseState.RUNNING)]
+    other = 9 - first.batch_size
+    assert store.claim_verification("s", other, "none", WORKER, "cpu") is None  # still running
+    assert store.claim_verification("s", first.batch_size, "none", WORKER, "cpu") is None  # its own
+    store.end_lease(first.id, LeaseState.FAILED, "verification: over the limit")
+    second = store.claim_verification("s", other, "none", WORKER, "cpu")
+    assert second is not None and (second.batch_size, second.worker, second.state) == (
+        other,
+        WORKER,
+        LeaseState.RUNNING,
+    )
+    assert store.claim_verification("s", first.batch_size, "none", WORKER, "cpu") is None  # verified once
+    assert store.claim_verification("t", first.batch_size, "none", WORKER, "cpu") is not None  # another study
+
+
+def test_a_retried_verification_claim_that_had_committed_is_its_own(storage, monkeypatch) -> None:
+    store = open_store(storage)
+    lose_the_first_commit(monkeypatch)
+    lease = store.claim_verification("s", 8, "none", WORKER, "cpu")
+    assert lease is not None and (lease.batch_size, lease.kind, lease.worker) == (8, LeaseKind.VERIFY, WORKER)
+    assert len(store.leases("s")) == 1
