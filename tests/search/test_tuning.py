@@ -228,7 +228,7 @@ def test_a_hopeless_budget_ends_once_every_plan_failed_at_batch_1_with_one_line_
     assert re.fullmatch(
         r"Error: no configuration fits 28.50 MiB \(budget minus headroom\): the smallest batch, 1, does not fit "
         r"with any plan, not even B:1 \(the one that saves the most\); the smallest peak measured was at least ([\d.]+) MiB "
-        r"\(batch 1, plan (none|A|B:1), trial [012]\); it needs a budget of at least ([\d.]+) MiB",
+        r"\(batch 1, plan (none|A:1|B:1), trial [012]\); it needs a budget of at least ([\d.]+) MiB",
         last,
     ), last
     peak, needed = re.findall(r"at least ([\d.]+) MiB", last)
