@@ -53,18 +53,22 @@ class LeaseTables(Tables):
         try:
             with self._connect(write=True) as conn:
                 if conn.dialect.name == "postgresql":
-                    key = f"autotune verification {study}"
-                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": key})
+                    lock = f"autotune verification {study}"
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": lock})
                 conn.execute(sa.insert(leases).from_select(list(values), row.where(~busy, ~taken)))
         except StorageError as e:
             if not isinstance(e.__cause__, sa.exc.IntegrityError):
                 raise  # transient: a retry inserts nothing if this one committed, and finds it below
             return None
-        # Ours: inserted now, or by this worker's earlier try that committed before its connection was lost.
+        # Ours: inserted now, or by this thread's earlier try that committed before its connection was lost;
+        # a sibling device thread of this worker (same worker id) holds it under its own device.
         mine = self.lease(study, kind, batch, plan, 0)
-        return (
-            mine if mine is not None and mine.worker == worker and mine.state is LeaseState.RUNNING else None
+        held = mine is not None and (mine.worker, mine.device, mine.state) == (
+            worker,
+            device,
+            LeaseState.RUNNING,
         )
+        return mine if held else None
 
     def take_slot(self, study: str, slots: int, worker: str) -> int | None:
         """One of the study's ``slots`` trial slots (kind ``slot``, numbered from 0), or None when every

@@ -103,6 +103,24 @@ def test_one_verification_of_a_study_at_a_time(storage) -> None:
     assert store.claim_verification("t", first.batch_size, "none", WORKER, "cpu") is not None  # another study
 
 
+def test_sibling_threads_of_one_worker_never_share_a_verification(storage) -> None:
+    store = open_store(storage)
+    barrier = threading.Barrier(4)
+    won: list[str] = []
+
+    def claim(device: str) -> None:
+        barrier.wait()
+        if store.claim_verification("s", 8, "none", WORKER, device) is not None:
+            won.append(device)
+
+    threads = [threading.Thread(target=claim, args=(f"cuda:{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and [x.device for x in store.leases("s")] == won
+
+
 def test_a_retried_verification_claim_that_had_committed_is_its_own(storage, monkeypatch) -> None:
     store = open_store(storage)
     lose_the_first_commit(monkeypatch)
