@@ -18,6 +18,7 @@ import torch
 from autotune.core.plans import Plan
 from autotune.hardware.devices import cpu_device
 from autotune.hardware.meters import RssMeter
+from autotune.storage.database import creation_lock, parse_url
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
 from autotune.trials.result import TrialResult
@@ -273,10 +274,13 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0) -> None:
 
 
 def stored_trials(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
-    """The trials of ``study`` as Optuna itself reads them (none before the study exists)."""
+    """The trials of ``study`` as Optuna itself reads them (none before the study exists). Optuna creates
+    its tables when it finds none, so this takes autotune's creation lock: polled while a tuner creates a
+    fresh database, a bare ``load_study`` raced it to stamp Optuna's alembic_version (CI, stop 37)."""
     url = storage.replace("postgresql://", "postgresql+psycopg://")
     try:
-        return optuna.load_study(study_name=study, storage=url).get_trials()
+        with creation_lock(parse_url(url)):
+            return optuna.load_study(study_name=study, storage=url).get_trials()
     except KeyError:
         return []
 
