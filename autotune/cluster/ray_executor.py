@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.cluster.address import connection, token_auth_environment
 from autotune.cluster.node import NodeShare, NodeTask, free_port, merge_shares, node_device, run_share
 from autotune.core.budget import Budget
 from autotune.core.errors import AutotuneError, DeviceError, InputError, TrialError, TrialLost, first_line
@@ -49,7 +49,6 @@ RAY_EXTRA = "pip install 'autotune[ray]'"
 WAIT_NOTE_SECONDS = 30.0  # a group not placed after this long is said, then once a minute
 # a share asked to stop (Ray's cancel: KeyboardInterrupt in the task) gets this long
 STOP_GRACE_SECONDS = 15.0
-CONNECT_SECONDS = 5.0  # a cluster's address must accept a connection within this
 
 
 def import_ray() -> Any:
@@ -140,6 +139,8 @@ class RayCluster:
             InputError: no Ray, or a device that names GPUs (the cluster places them). DeviceError: the
                 cluster cannot place one trial of this shape.
         """
+        # Ray reads its authentication mode as it is imported: set before
+        os.environ.update(token_auth_environment(os.environ))
         self.ray = import_ray()
         text = device.strip().lower()
         if text not in ("auto", "cpu", "cuda"):
@@ -153,14 +154,19 @@ class RayCluster:
         self.cache, self.host_budget_asked, self.say, self.nvml = cache, host_budget, say, nvml
         self.scripts = scripts_named(command.words, command.cwd or ".")
         if not self.ray.is_initialized():
-            _check_answers(address or os.environ.get("RAY_ADDRESS"))
+            to = connection(address)  # before Ray's own connection, which waits minutes on a dead address
+            if to.note is not None:
+                say(to.note)
             try:
                 self.ray.init(
-                    address=address, logging_level=logging.WARNING, log_to_driver=False, namespace="autotune"
+                    address=to.init_address,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                    namespace="autotune",
                 )
             except Exception as e:  # Ray's own: a cluster of another version, a refused connection
                 raise DeviceError(
-                    f"cannot connect to the Ray cluster at {address or 'auto'}: {first_line(str(e))}"
+                    f"cannot connect to the Ray cluster at {to.shown}: {first_line(str(e))}"
                 ) from e
         self.address = address or self.ray.get_runtime_context().gcs_address
         has_gpus = self.ray.cluster_resources().get("GPU", 0) > 0
@@ -364,24 +370,6 @@ class RayRunner:
 
     def check(self) -> None:
         check_between(self.shield, self.stop)
-
-
-def _check_answers(address: str | None) -> None:
-    """A cluster's address (``host:port``) answers, before Ray's own connection, which retries a wrong
-    address for minutes.
-
-    Raises:
-        DeviceError: nothing listens there."""
-    if address is None or address in ("auto", "local") or "://" in address or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
-    except (OSError, ValueError) as e:
-        raise DeviceError(
-            f"no Ray cluster answers at {address} ({e}): start one (ray start --head) or give its address "
-            "(--ray-address, RAY_ADDRESS)"
-        ) from None
 
 
 def describe(nodes: Sequence[Mapping[str, float]]) -> str:

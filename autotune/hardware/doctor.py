@@ -16,6 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from autotune.cluster.address import NoClusterAnswers, connection, token_auth_environment
 from autotune.core.errors import DeviceError
 
 _TORCH_PROBE = """
@@ -124,25 +125,42 @@ print(json.dumps({"version": ray.__version__, "address": ray.get_runtime_context
 """
 
 
+RAY_PROBE_SECONDS = 60  # a cluster that answers on its port but not to Ray's client within this is reported
+
+
 def _ray(address: str | None) -> Check:
     """The Ray cluster ``--executor ray`` would place trials on: its nodes and GPUs (in a child process:
-    Ray's import and connection stay out of the CLI)."""
+    Ray's import and connection stay out of the CLI). An address where nothing answers, or the dead cluster
+    Ray's address file names, is said at once: Ray's own connection would wait minutes on it."""
     missing = _not_installed("Ray cluster", "ray", "ray", "--executor ray", "ray")
     if missing is not None:
         return missing
-    where = address or os.environ.get("RAY_ADDRESS") or "auto"
-    proc = subprocess.run(
-        [sys.executable, "-c", _RAY_PROBE, where], capture_output=True, text=True, timeout=120
+    hint = (
+        "only for --executor ray: start one (ray start --head; examples/slurm/ray-cluster.sbatch on Slurm) "
+        "or name it (--ray-address, RAY_ADDRESS); without one, a run starts a local one"
     )
+    try:
+        to = connection(address)
+    except NoClusterAnswers as e:
+        return Check("Ray cluster", False, e.reason, hint)
+    if to.passed_over is not None:  # Ray would wait on the dead cluster its file names: none runs here
+        return Check("Ray cluster", False, f"no Ray cluster running here: {to.passed_over}", hint)
+    where = to.init_address or to.shown
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _RAY_PROBE, where],
+            capture_output=True,
+            text=True,
+            timeout=RAY_PROBE_SECONDS,
+            env={**os.environ, **token_auth_environment(os.environ)},
+        )
+    except subprocess.TimeoutExpired:
+        return Check(
+            "Ray cluster", False, f"the Ray cluster at {where} did not answer in {RAY_PROBE_SECONDS} s", hint
+        )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check(
-            "Ray cluster",
-            False,
-            f"no Ray cluster at {where}: {last}",
-            "only for --executor ray: start one (ray start --head; examples/slurm/ray-cluster.sbatch on Slurm) "
-            "or name it (--ray-address, RAY_ADDRESS); without one, a run starts a local one",
-        )
+        return Check("Ray cluster", False, f"no Ray cluster at {where}: {last}", hint)
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     gpus = found["gpus"]
     return Check(
@@ -153,6 +171,7 @@ def _ray(address: str | None) -> Check:
     )
 
 
+ORT_PROBE_SECONDS = 1800  # a fresh machine builds ORT's C++ extension first (a minute here)
 _ORT_PROBE = """
 import sys
 from autotune.backends.ort import SUPPORTED_VERSION, OrtUnavailable, extension_build_dir, wrap
@@ -181,22 +200,25 @@ def _ort() -> Check:
         "ORTMODULE_FALLBACK_POLICY": "FALLBACK_DISABLE",
         "ORTMODULE_ENABLE_CUSTOM_AUTOGRAD": "0",
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORT_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
+    hint = (
+        "supported: onnxruntime-training 1.19.2 with a C++ compiler and the Python headers for its "
+        "extension (pip install 'autotune[ort]')"
     )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _ORT_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=ORT_PROBE_SECONDS,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return Check(
+            "ONNX Runtime backend", False, f"ORTModule did not train a step in {ORT_PROBE_SECONDS} s", hint
+        )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check(
-            "ONNX Runtime backend",
-            False,
-            last,
-            "supported: onnxruntime-training 1.19.2 with a C++ compiler and the Python headers for its "
-            "extension (pip install 'autotune[ort]')",
-        )
+        return Check("ONNX Runtime backend", False, last, hint)
     return Check("ONNX Runtime backend", True, proc.stdout.strip().splitlines()[-1])
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from conftest import stored_trials, trial_pids
+from conftest import stored_trials, trial_pids, trial_summary
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="Ray is the cluster extra: make test-ray")
 
@@ -377,3 +377,109 @@ def test_an_address_where_no_cluster_answers_is_one_line(tmp_path: Path) -> None
     )
     assert len(run.stderr.strip().splitlines()) == 1 and time.monotonic() - started < 30
     assert not (tmp_path / "cache" / "trials").exists()
+
+
+@pytest.fixture
+def dead_record() -> Iterator[tuple[dict[str, str], str]]:
+    """An environment whose Ray temporary folder records a cluster where nothing answers, as a killed
+    `ray start --block` leaves it (a short folder under /tmp: a local cluster's socket paths must fit)."""
+    import shutil
+    import socket
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    (folder / "ray").mkdir()
+    (folder / "ray" / "ray_current_cluster").write_text(dead)
+    env = {**os.environ, "RAY_TMPDIR": str(folder), "COLUMNS": "400", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        yield env, dead
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_doctor_says_at_once_that_the_cluster_ray_recorded_is_gone(
+    dead_record: tuple[dict[str, str], str],
+) -> None:
+    """CI's failure: after the Slurm recipe's test, Ray's address file named its ended head, and the doctor's
+    probe (ray.init("auto")) waited on it until its 120 s timeout, which took the doctor down."""
+    env, dead = dead_record
+    started = time.monotonic()
+    doctor = subprocess.run(
+        [AUTOTUNE, "doctor", "--json"], capture_output=True, text=True, timeout=300, env=env
+    )
+    found = {c["name"]: c for c in json.loads(doctor.stdout)}["Ray cluster"]
+    assert not found["ok"], found
+    assert found["detail"].startswith(
+        f"no Ray cluster running here: Ray's address file {env['RAY_TMPDIR']}/ray/ray_current_cluster names "
+        f"{dead}, where nothing answers ("
+    ), found
+    assert found["hint"].endswith("without one, a run starts a local one")
+    assert time.monotonic() - started < 60  # the ORT check trains a step too; Ray's wait alone was minutes
+
+
+def test_a_run_without_an_address_passes_over_a_dead_recorded_cluster_for_a_local_one(
+    tmp_path: Path, dead_record: tuple[dict[str, str], str]
+) -> None:
+    env, dead = dead_record
+    run = subprocess.run(
+        [AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--trials", "2",
+         "--batch-sizes", "1,2", "--plans", "none", "--warmup-steps", "1", "--steps", "2", "--study", "local",
+         "--cache-dir", str(tmp_path / "cache"), "--",
+         "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.05"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    said = [line for line in run.stderr.splitlines() if "Ray's address file" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "where nothing answers ([Errno 111] Connection refused; a cluster that ended without `ray stop`): "
+        "starting a local Ray cluster"
+    ), run.stderr
+    assert f"names {dead}," in said[0]
+    trials = stored_trials(f"sqlite:///{tmp_path / 'cache' / 'autotune.db'}", "local")
+    assert {t.state.name for t in trials} == {"COMPLETE"} and len(trials) >= 2, trial_summary(trials)
+
+
+def test_a_run_joins_a_cluster_that_ray_start_put_under_token_authentication(tmp_path: Path) -> None:
+    """Ray (2.60) turns token authentication on for `ray start` where ~/.ray/auth_token exists (a local
+    ray.init() writes one) and leaves a client without it: `autotune run --ray-address` never joined (Ray:
+    "Authentication token is missing or incorrect"). The run takes `ray start`'s rule for its client."""
+    import shutil
+    import socket
+    import tempfile
+
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    folder = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's sockets under a short path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HOME": str(home), "RAY_TMPDIR": str(folder), "RAY_USAGE_STATS_ENABLED": "0"}
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    ray = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen(
+        [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--block"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        run = subprocess.run(
+            [AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--ray-address",
+             f"127.0.0.1:{port}", "--trials", "2", "--batch-sizes", "1,2", "--plans", "none", "--warmup-steps", "1",
+             "--steps", "2", "--study", "token", "--cache-dir", str(tmp_path / "cache"), "--",
+             "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.05"],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+    finally:
+        head.send_signal(signal.SIGTERM)
+        said, _ = head.communicate(timeout=90)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert "Token authentication is enabled for this Ray cluster" in said, said  # Ray's own line
+    assert run.returncode == 0, run.stderr
+    trials = stored_trials(f"sqlite:///{tmp_path / 'cache' / 'autotune.db'}", "token")
+    assert {t.state.name for t in trials} == {"COMPLETE"} and len(trials) >= 2, trial_summary(trials)

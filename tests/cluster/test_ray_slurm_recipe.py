@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cluster.address import address_file
+
 from conftest import ROOT, SYNTHETIC
 
 pytest.importorskip("ray", reason="Ray is the cluster extra: make test-ray")
@@ -88,3 +90,6 @@ def test_the_recipe_starts_ray_runs_the_driver_on_it_and_stops_ray(tmp_path: Pat
     while _ray_processes(port) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _ray_processes(port) == []  # the job's end stopped its Ray cluster
+    # ... and took back Ray's record of it: a later ray.init() on the node would wait minutes on it
+    recorded = address_file().read_text().strip() if address_file().exists() else ""
+    assert not recorded.endswith(f":{port}"), recorded
