@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.cluster.address import connection, token_auth_environment
 from autotune.cluster.node import NodeShare, NodeTask, free_port, merge_shares, node_device, run_share
 from autotune.core.budget import Budget
 from autotune.core.errors import AutotuneError, DeviceError, InputError, TrialError, TrialLost, first_line
 from autotune.core.plans import Backend
 from autotune.core.protocol import Outcome
 from autotune.hardware.devices import Device
+from autotune.hardware.ray_address import connection, token_auth_environment
 from autotune.search.runner import check_between
 from autotune.trials.command import TrialCommand, scripts_named
 from autotune.trials.interrupts import InterruptShield, StopRequested

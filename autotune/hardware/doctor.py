@@ -16,8 +16,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotune.cluster.address import NoClusterAnswers, connection, token_auth_environment
 from autotune.core.errors import DeviceError
+from autotune.hardware.ray_address import NoClusterAnswers, connection, token_auth_environment
 
 _TORCH_PROBE = """
 import json

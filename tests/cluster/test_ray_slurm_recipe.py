@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cluster.address import address_file
+from autotune.hardware.ray_address import address_file
 
 from conftest import ROOT, SYNTHETIC
 

@@ -1,4 +1,4 @@
-"""Which Ray cluster a run or ``autotune doctor`` connects to, decided before Ray's own connection: Ray retries
+"""Which Ray cluster a run (``--executor ray``) or ``autotune doctor`` connects to, decided before Ray's own connection: Ray retries
 an address where nothing answers for minutes, silently.
 
 Without an address (``--ray-address``, else RAY_ADDRESS), Ray connects to the cluster its address file names

@@ -1,4 +1,4 @@
-"""Which Ray cluster a run connects to, decided before Ray's own connection (autotune.cluster.address): real
+"""Which Ray cluster a run connects to, decided before Ray's own connection (autotune.hardware.ray_address): real
 sockets and Ray's real address file in a temporary RAY_TMPDIR; no Ray needed (a run's and the doctor's use of
 it on a real cluster: tests/cluster/test_ray_cluster.py)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cluster.address import (
+from autotune.hardware.ray_address import (
     Connection,
     NoClusterAnswers,
     address_file,
