@@ -139,7 +139,7 @@ class RayCluster:
             InputError: no Ray, or a device that names GPUs (the cluster places them). DeviceError: the
                 cluster cannot place one trial of this shape.
         """
-        # Ray reads its authentication mode as it is imported: set before
+        # the client's token-auth mode, set before Ray is imported (Ray reads it as it loads)
         os.environ.update(token_auth_environment(os.environ))
         self.ray = import_ray()
         text = device.strip().lower()

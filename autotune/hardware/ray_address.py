@@ -1,5 +1,5 @@
-"""Which Ray cluster a run (``--executor ray``) or ``autotune doctor`` connects to, decided before Ray's own connection: Ray retries
-an address where nothing answers for minutes, silently.
+"""Which Ray cluster a run (``--executor ray``) or ``autotune doctor`` connects to, decided before Ray's own
+connection: Ray retries an address where nothing answers for minutes, silently.
 
 Without an address (``--ray-address``, else RAY_ADDRESS), Ray connects to the cluster its address file names
 (``ray_current_cluster`` in Ray's temporary folder, written by ``ray start``), else starts a local one. A
