@@ -11,9 +11,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import DamagedData, StorageError
+from autotune.core.text import invisible_in
 from autotune.storage import schema
-from autotune.storage.base import Tables, now
+from autotune.storage.base import DamagedRow, Tables, now, study_name_of, text_of
 from autotune.storage.rows import Lease, LeaseKind, LeaseState
 
 
@@ -153,7 +154,17 @@ class LeaseTables(Tables):
             query = query.where(schema.leases.c.kind.in_([LeaseKind(k).value for k in kinds]))
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        return [_lease(dict(r._mapping)) for r in rows]
+        return [self._parsed(dict(r._mapping), study) for r in rows]
+
+    def _parsed(self, values: dict[str, Any], study: str) -> Lease:
+        """Raises DamagedData: a damaged lease costs its study's run or job (never a worker): no lease of
+        the study can be trusted to say what runs, or what ran."""
+        try:
+            return _lease(values)
+        except DamagedRow as e:
+            raise DamagedData(
+                f"database {self.display_url}: lease {values.get('id')!r} of study {study!r} is damaged: {e}"
+            ) from None
 
     def lease(self, study: str, kind: LeaseKind, batch: int, plan: str, attempt: int) -> Lease | None:
         return next(
@@ -235,5 +246,33 @@ def _columns(lease: Lease) -> dict[str, Any]:
 
 
 def _lease(values: dict[str, Any]) -> Lease:
+    """A lease row as autotune wrote it.
+
+    Raises:
+        DamagedRow: a column is not what autotune stores there: a batch size that is not a whole number
+            (a writer of the database set ``1; touch x``, which a shell template would have run), an unknown
+            kind or state, a worker id or plan with control characters.
+    """
     values.pop("updated_at", None)
-    return Lease(**{**values, "kind": LeaseKind(values["kind"]), "state": LeaseState(values["state"])})
+    try:
+        kind = LeaseKind(values["kind"])
+    except ValueError:
+        raise DamagedRow(f"its kind {values['kind']!r} is not a lease kind") from None
+    try:
+        state = LeaseState(values["state"])
+    except ValueError:
+        raise DamagedRow(f"its state {values['state']!r} is not a lease state") from None
+    lowest = {"batch_size": 0 if kind is LeaseKind.SLOT else 1, "attempt": 0, "beats": 0, "id": 0}
+    for column, low in lowest.items():
+        if type(values[column]) is not int or values[column] < low:
+            raise DamagedRow(f"its {column} {values[column]!r} is not a whole number >= {low}")
+    number = values["trial_number"]
+    if number is not None and (type(number) is not int or number < 0):
+        raise DamagedRow(f"its trial_number {number!r} is not a trial number")
+    for column in ("plan", "worker", "device"):
+        text = text_of(values, column, optional=column != "plan")
+        if text is not None and invisible_in(text) is not None:
+            raise DamagedRow(f"its {column} {text!r} holds a control character")
+    text_of(values, "note", optional=True)
+    study_name_of(values)
+    return Lease(**{**values, "kind": kind, "state": state})

@@ -9,6 +9,21 @@ from autotune.core.errors import InputError
 MAX_GLOBAL_BATCH = 2**20  # its divisors are enumerated
 
 
+def check_batch_size(value: object, what: str = "a batch size") -> int:
+    """``value`` if it is a whole number >= 1 (a bool is not one).
+
+    Every batch size that reaches a trial's command line or environment passes here, wherever it came from:
+    a template passes ``{batch_size}`` on as text, through a shell if the template names one, so a batch
+    read from a database row that was edited to ``1; touch x`` would otherwise run as a command.
+
+    Raises:
+        InputError: it is not.
+    """
+    if type(value) is not int or value < 1:
+        raise InputError(f"{what} must be a whole number >= 1, got {value!r}")
+    return value
+
+
 def check_global_batch(global_batch: int) -> int:
     """Raises InputError unless 1 <= ``global_batch`` <= MAX_GLOBAL_BATCH."""
     if not 1 <= global_batch <= MAX_GLOBAL_BATCH:

@@ -47,6 +47,13 @@ class StorageFault(StorageError):
     trial files: not retried (it lasts until someone frees space); the run stops, its trial released."""
 
 
+class DamagedData(AutotuneError):
+    """A row read back from the database is not what autotune wrote there (a writer of the database edited
+    it): the job it belongs to stops here, with one line naming the row; nothing is run from it."""
+
+    exit_code = 5
+
+
 class NoFitError(AutotuneError):
     """No configuration that was measured fits the budget."""
 

@@ -3,12 +3,10 @@ database that anyone with write access could have edited (a name is a file name 
 
 from __future__ import annotations
 
-import unicodedata
-
 from autotune.core.errors import InputError
+from autotune.core.text import invisible_in
 
 MAX_STUDY_NAME = 128
-_INVISIBLE = ("Cc", "Cf", "Zl", "Zp")  # control, format (bidi, zero-width), line and paragraph separators
 
 
 def check_study_name(name: str) -> str:
@@ -20,6 +18,6 @@ def check_study_name(name: str) -> str:
     """
     if not name or len(name) > MAX_STUDY_NAME:
         raise InputError(f"study name must be 1 to {MAX_STUDY_NAME} characters, got {len(name)}")
-    if any(unicodedata.category(c) in _INVISIBLE for c in name) or "/" in name or ".." in name:
+    if invisible_in(name) is not None or "/" in name or ".." in name:
         raise InputError(f"invalid study name {name!r}: no control or format characters, '/' or '..'")
     return name

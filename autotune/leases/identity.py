@@ -28,9 +28,10 @@ def worker_id() -> str:
 
 def worker_state(worker: str, host: str) -> WorkerState:
     """Alive or dead for a worker id of ``host`` (the pid's start time guards against pid reuse); unknown
-    for another host's."""
+    for another host's, or an id that is not one (a lease's worker is a database row: ``str.isdigit`` takes
+    '²', which ``int`` does not)."""
     parts = worker.split(":")
-    if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != host or not parts[1].isascii() or not parts[1].isdigit():
         return WorkerState.UNKNOWN
     try:
         start = _start_time(int(parts[1]))

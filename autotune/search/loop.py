@@ -38,7 +38,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import InputError, NoFitError, ScriptError, StorageFault, TrialLost
+from autotune.core.errors import DamagedData, InputError, NoFitError, ScriptError, StorageFault, TrialLost
 from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
@@ -165,7 +165,9 @@ class Search:
         self.recovery.recover()
         lease = self.store.take_queued(self.name, self.worker, self.device, kinds=(LeaseKind.TRIAL,))
         if lease is not None:
-            self._run_lease(lease, ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED)
+            self._run_lease(
+                self.taken_lease(lease), ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED
+            )
             return Step.RAN
         records = records_of(self.study)
         leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
@@ -264,7 +266,35 @@ class Search:
         return format_bytes(math.ceil(peak / (1 - self.headroom)))
 
     def ask_fixed(self, batch: int, plan: str) -> optuna.Trial:
+        """A new trial of (``batch``, ``plan``), which every trial the search measures passes through.
+
+        Raises:
+            DamagedData: the configuration is not in the job's search space (it came from a lease or a
+                trial that a writer of the database edited).
+        """
+        self.check_in_space(batch, plan, "a configuration")
         return ask_fixed(self.study, self.distributions, batch, plan)
+
+    def taken_lease(self, lease: Lease) -> Lease:
+        """A queued ``lease`` this worker took, checked: one outside the job's search space is failed here.
+
+        Raises:
+            DamagedData: it was.
+        """
+        try:
+            self.check_in_space(lease.batch_size, lease.plan, f"lease {lease.id}")
+        except DamagedData:
+            self.store.end_lease(lease.id, LeaseState.FAILED, "damaged: not in the job's search space")
+            raise
+        return lease
+
+    def check_in_space(self, batch: int, plan: str, what: str) -> None:
+        """Raises DamagedData unless (``batch``, ``plan``) is in the job's (signed) search space."""
+        if batch not in self.space.batch_sizes or plan not in self.space.plans:
+            raise DamagedData(
+                f"study {self.name!r}: {what} from the database names batch {batch!r} and plan {plan!r}, "
+                "which are not in the job's search space (the database was edited)"
+            )
 
     def _proposed(self, proposal: Proposal) -> Step:
         attempt = proposal.attempt

@@ -12,8 +12,9 @@ from optuna.trial import TrialState
 
 from autotune.core.protocol import Outcome
 from autotune.search.longest import MAX_SEQ_LEN_ATTR, at_longest
-from autotune.search.records import TrialRecord, constraint_mib
+from autotune.search.records import DamagedTrial, TrialRecord, constraint_mib
 from autotune.search.space import SearchSpace
+from autotune.storage.base import say_once
 from autotune.trials.result import TrialResult
 
 # Fixing a trial's parameters for one ask is all autotune uses it for; the class is stable since optuna 2.4.
@@ -38,9 +39,14 @@ def set_memory_constraint(trial: optuna.Trial, mib: float) -> None:
 
 
 def records_of(study: optuna.Study, *, as_measured: bool = False) -> list[TrialRecord]:
-    """The study's trials; where the job declared its longest inputs (--max-seq-len), every peak is read at
+    """The study's trials (a damaged one skipped, with one line); where the job declared its longest inputs (--max-seq-len), every peak is read at
     that length (autotune.search.longest) unless ``as_measured``."""
-    records = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    records = []
+    for trial in study.get_trials(deepcopy=False):
+        try:
+            records.append(TrialRecord.from_frozen(trial))
+        except DamagedTrial as e:  # a writer of the database edited it: it is no reading of ours
+            say_once(f"study {study.study_name!r}: skipping trial {trial.number}, which is damaged: {e}")
     longest = None if as_measured else study.user_attrs.get(MAX_SEQ_LEN_ATTR)  # set as it was created
     return at_longest(records, longest) if longest else records
 

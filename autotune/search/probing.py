@@ -73,7 +73,7 @@ def discover(
             key, LeaseKind.PROBE, spec.batch_sizes[0], "none", 0, worker, str(runner.device)
         )
         if lease is not None:
-            return _probe(store, workload, lease, runner, reporter), 1
+            return _probe(store, workload, lease, spec.batch_sizes[0], runner, reporter), 1
         running = _after_the_prober(store, key, watch, worker)
         if running is not None:
             waiting.say(running)
@@ -153,11 +153,13 @@ def _pause(runner: Runner) -> None:
 
 
 def _probe(
-    store: Store, workload: Workload, lease: Lease, runner: Runner, reporter: Reporter
+    store: Store, workload: Workload, lease: Lease, batch: int, runner: Runner, reporter: Reporter
 ) -> ProbeReport | None:
-    reporter.trial_started(-1, lease.batch_size, "none", "probe")
+    """Run the probe ``lease`` stands for, at ``batch``: the smallest of this job's own (signed) batch sizes,
+    never the lease's, which any writer of the database can set (and another job's spec may have queued)."""
+    reporter.trial_started(-1, batch, "none", "probe")
     try:
-        result: TrialResult = runner(lease.batch_size, "none", poll=reporter.trial_progress, probe=True)
+        result: TrialResult = runner(batch, "none", poll=reporter.trial_progress, probe=True)
     except (StopRequested, KeyboardInterrupt):  # a stop is not a fault: the next run or worker probes
         store.release(lease.id, "released: its run or worker was stopped")
         raise
@@ -179,7 +181,7 @@ def _probe(
         found = f"ORT recompute plans: {len(result.probe.plans)}"
     else:
         found = "repeated modules: " + (", ".join(c.cls for c in result.candidates or ()) or "none found")
-    reporter.note(f"probe: batch {lease.batch_size}: {result.outcome.value}; {found}")
+    reporter.note(f"probe: batch {batch}: {result.outcome.value}; {found}")
     return result.probe
 
 

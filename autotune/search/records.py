@@ -11,6 +11,7 @@ three over it is not an answer, and one over among three under is not a failure.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -20,6 +21,7 @@ from autotune.core.enums import TextEnum
 from autotune.core.errors import first_line
 from autotune.core.protocol import Outcome, RankResult
 from autotune.core.stats import Interval
+from autotune.core.text import invisible_in
 from autotune.hardware.load import Load
 
 if TYPE_CHECKING:
@@ -109,20 +111,31 @@ class TrialRecord:
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
+        """The trial as autotune stored it.
+
+        Raises:
+            DamagedTrial: a parameter or attribute is not what autotune stores there (the database was
+                edited): an unknown kind or outcome, a batch size that is not a whole number, text with
+                control characters where a plan is, a number that is not one.
+        """
         attrs: dict[str, Any] = trial.user_attrs
-        outcome = attrs.get("outcome")
-        return cls(
-            number=trial.number,
-            state=trial.state.name,
-            kind=TrialKind(attrs.get("kind", TrialKind.MEASURED)),
-            batch_size=trial.params.get("batch_size"),
-            plan=trial.params.get("plan"),
-            outcome=Outcome(outcome) if outcome is not None else None,
-            ranks=tuple(RankResult.from_dict(r) for r in attrs.get("ranks") or ()),
-            load=Load.from_dict(attrs.get("load")),
-            lengths=(attrs["lengths"][0], attrs["lengths"][1]) if attrs.get("lengths") else None,
-            **{name: attrs.get(name) for name in _ATTRS},
-        )
+        try:
+            outcome = attrs.get("outcome")
+            lengths = attrs.get("lengths")
+            return cls(
+                number=trial.number,
+                state=trial.state.name,
+                kind=TrialKind(attrs.get("kind", TrialKind.MEASURED)),
+                batch_size=_checked_batch(trial.params.get("batch_size")),
+                plan=_checked_plan(trial.params.get("plan")),
+                outcome=Outcome(outcome) if outcome is not None else None,
+                ranks=tuple(RankResult.from_dict(r) for r in attrs.get("ranks") or ()),
+                load=Load.from_dict(attrs.get("load")),
+                lengths=(_whole(lengths[0]), _whole(lengths[1])) if lengths else None,
+                **{name: _checked_attr(name, attrs.get(name)) for name in _ATTRS},
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise DamagedTrial(f"{type(e).__name__}: {e}") from None
 
     @property
     def config(self) -> Configuration | None:
@@ -218,6 +231,49 @@ _ATTRS = (
     "startup_seconds",
     "measured_seconds",
 )
+
+
+class DamagedTrial(ValueError):
+    """A stored trial that is not what autotune wrote: why, in a few words."""
+
+
+_TEXT_ATTRS = {"proposed_by", "log_dir", "error", "worker", "device", "note", "memory_method"}
+_TEXT_ATTRS |= {"own_checkpointing", "settled"}
+
+
+def _checked_attr(name: str, value: Any) -> Any:
+    """An attribute of _ATTRS as autotune stores it: text, a number, or phase peaks (None: not stored)."""
+    if value is None:
+        return None
+    if name in _TEXT_ATTRS:
+        if not isinstance(value, str):
+            raise TypeError(f"its {name} is not text")
+        return value
+    if name == "phase_peaks":
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise TypeError("its phase_peaks are not peaks by phase")
+        return {k: _whole(v) for k, v in value.items()}
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"its {name} {value!r} is not a number >= 0")
+    return value
+
+
+def _whole(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a whole number >= 0")
+    return value
+
+
+def _checked_batch(value: Any) -> int | None:
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"its batch size {value!r} is not a whole number >= 1")
+    return value
+
+
+def _checked_plan(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or invisible_in(value) is not None):
+        raise ValueError(f"its plan {value!r} is not a plan name")
+    return value
 
 
 def phase_peaks_of(records: Iterable[TrialRecord], config: tuple[int, str]) -> dict[str, int]:

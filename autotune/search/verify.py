@@ -81,7 +81,9 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
     search.recovery.recover()  # verify leases of dead workers too: failed, queued once more
     kinds = (LeaseKind.VERIFY,)
     lease = store.take_queued(name, search.worker, search.device, kinds=kinds)
-    if lease is None:
+    if lease is not None:
+        lease = search.taken_lease(lease)
+    else:
         leases = store.leases(name, kinds=kinds)
         if any(x.state in (LeaseState.RUNNING, LeaseState.QUEUED) for x in leases):
             return Step.BUSY, None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import autotune
+from autotune.core.batches import check_batch_size
 from autotune.core.errors import InputError
 
 PLACEHOLDER = "{batch_size}"
@@ -189,7 +190,14 @@ def file_sha256(path: Path) -> str:
 
 
 def fill(words: Sequence[str], batch_size: int, grad_accum: int | None) -> list[str]:
-    """A template's words with ``{batch_size}`` and ``{grad_accum}`` (1 when not accumulating) filled in."""
+    """A template's words with ``{batch_size}`` and ``{grad_accum}`` (1 when not accumulating) filled in.
+
+    Raises:
+        InputError: either is not a whole number >= 1 (the words may be a shell's: nothing else goes in).
+    """
+    check_batch_size(batch_size, "a trial's batch size")
+    if grad_accum is not None:
+        check_batch_size(grad_accum, "a trial's gradient accumulation")
     return [
         w.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(grad_accum or 1))
         for w in words

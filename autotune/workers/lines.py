@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from autotune.core.text import visible
 from autotune.search.records import TrialRecord
 
 
@@ -16,8 +17,10 @@ class LineReporter:
         self.device, self.say, self.lock = device, say, lock
 
     def _line(self, text: str) -> None:
+        """One line: what it quotes from the database (a job's name, a key id, an error) cannot break it, nor
+        write to the terminal (autotune.core.text)."""
         with self.lock:
-            self.say(f"[{self.device}] {text}")
+            self.say(f"[{self.device}] {visible(text)}")
 
     def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
         self._line(f"trial {number if number >= 0 else '-'}: batch {batch_size}, plan {plan} ({why})")

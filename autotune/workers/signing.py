@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from autotune.core.protocol import JOB_KEY_ENV, JOB_KEY_FILE_ENV
 
 MIN_KEY_CHARS = 32  # what ``autotune keygen`` writes is 64 hex digits (256 bits)
 _VERSION = "v1"
+_HEX8, _HEX64 = re.compile("[0-9a-f]{8}"), re.compile("[0-9a-f]{64}")  # a key id; an HMAC-SHA256
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ def signature_error(
     """Why ``signature`` does not verify under ``key`` (None: it does)."""
     version, _, rest = signature.partition(":")
     key_id, _, mac = rest.partition(":")
-    if version != _VERSION or not mac:
+    if version != _VERSION or not _HEX8.fullmatch(key_id) or not _HEX64.fullmatch(mac):
         return f"its signature is not one this autotune writes ({_VERSION}:<key id>:<hmac>)"
     if not hmac.compare_digest(mac, _mac(key, study_name, spec, scripts or {})):
         if key_id != key.key_id:

@@ -18,6 +18,7 @@ the queue (same attempt: a stop is not a fault) and its Optuna trial failed; not
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -27,7 +28,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from autotune.core.errors import InputError, NoFitError, ScriptError, StorageError, StorageFault
+from autotune.core.errors import (
+    DamagedData,
+    InputError,
+    NoFitError,
+    ScriptError,
+    StorageError,
+    StorageFault,
+)
 from autotune.hardware.devices import gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
@@ -41,6 +49,7 @@ from autotune.workers.lines import LineReporter
 from autotune.workers.signing import Trust, load_key
 
 POLL_SECONDS = 1.0
+log = logging.getLogger("autotune.worker")
 
 
 def _silent(text: str) -> None:
@@ -231,19 +240,30 @@ class Worker:
                 self.summary.refused[name] = str(e)
             reporter.note(f"refused: {e}")
             return None
-        except (ScriptError, NoFitError) as e:
-            works.pop(name, None)
-            self.store.set_job_state(name, JobState.FAILED, str(e))
-            with self._lock:
-                self.summary.jobs_failed.append(name)
-            reporter.note(f"job {name} failed: {str(e).splitlines()[0]}")
+        except (ScriptError, NoFitError, DamagedData, InputError) as e:  # InputError: JobRefused's above
+            self._failed(works, name, str(e), reporter)
             return None
         except StorageFault as e:  # the worker stops (exit 5); its trial was given back by the search
             self._interrupted(name, e)
             raise
+        except StorageError:
+            raise  # the database itself, not this job: every job would fail the same way
+        except Exception as e:  # a job's fault (a row no check foresaw) is never the worker's
+            log.debug("job %s failed in this worker", name, exc_info=True)
+            self._failed(works, name, f"{type(e).__name__}: {e}", reporter)
+            return None
         with self._lock:
             self.summary.trials += work.trials - before
         return step
+
+    def _failed(self, works: dict[str, JobWork], name: str, why: str, reporter: LineReporter) -> None:
+        """The job failed (its script, no fit, or a row of it damaged): stored as failed with ``why``; the
+        worker serves the next job."""
+        works.pop(name, None)
+        self.store.set_job_state(name, JobState.FAILED, why)
+        with self._lock:
+            self.summary.jobs_failed.append(name)
+        reporter.note(f"job {name} failed: {why.splitlines()[0] if why else ''}")
 
     def _interrupted(self, name: str, fault: StorageFault) -> None:
         """The job open again where no other worker is running a trial of it (storage it cannot write
