@@ -12,12 +12,14 @@ verified winner; the rest import what their trials need, in the tuner, never tor
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.core.plans import Backend
+from autotune.core.protocol import TRIAL_UMASK_ENV
 
 PROBE_BATCH_SIZE = 4  # small: the probe's instruments cost memory, and its savings scale per sample
 
@@ -34,6 +36,21 @@ if TYPE_CHECKING:
     from autotune.trials.measurement import MeasureSpec
     from autotune.trials.result import TrialResult
     from autotune.workers.worker import WorkerSummary
+
+
+@contextlib.contextmanager
+def _private(environ: Mapping[str, str] | None) -> Iterator[dict[str, str]]:
+    """What autotune writes during the call is its user's alone, as the CLI makes it for its whole process
+    (autotune.cli.main): the process's umask private (folders 0700, files 0600) until the call returns, and
+    the user's own umask passed on for the trial's own files. Yields the environment trials inherit."""
+    user = os.umask(0o077)
+    os.umask(user | 0o077)
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault(TRIAL_UMASK_ENV, f"{user:03o}")
+    try:
+        yield env
+    finally:
+        os.umask(user)
 
 
 def tune(
@@ -59,7 +76,8 @@ def tune(
 
     # autotune reports its trials (``reporter``); Optuna's INFO lines ("A new study created") would repeat them
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return run_job(spec, environ, reporter)
+    with _private(environ) as env:
+        return run_job(spec, env, reporter)
 
 
 def measure(spec: MeasureSpec, *, environ: Mapping[str, str] | None = None) -> TrialResult:
@@ -78,7 +96,8 @@ def measure(spec: MeasureSpec, *, environ: Mapping[str, str] | None = None) -> T
     """
     from autotune.trials.measurement import measure as run_trial
 
-    return run_trial(spec, environ)
+    with _private(environ) as env:
+        return run_trial(spec, env)
 
 
 def probe(
@@ -115,7 +134,8 @@ def probe(
         device=device,
         cache_dir=cache_dir,
     )
-    return measure(spec, environ, probe=True)
+    with _private(environ) as env:
+        return measure(spec, env, probe=True)
 
 
 def best(
@@ -247,7 +267,8 @@ def submit(spec: TuneSpec, *, unsigned: bool = False, environ: Mapping[str, str]
     from autotune.workers.signing import load_key
     from autotune.workers.submit import submit as submit_job
 
-    return submit_job(spec, load_key(os.environ if environ is None else environ), unsigned)
+    with _private(environ) as env:
+        return submit_job(spec, load_key(env), unsigned)
 
 
 def work(
@@ -286,12 +307,12 @@ def work(
     from autotune.workers.signing import Trust, load_key
     from autotune.workers.worker import Worker, parse_devices
 
-    env = dict(os.environ if environ is None else environ)
-    trust = Trust(load_key(env), allow_unsigned)  # checked before the database is opened
-    url = storage or default_storage_url(default_cache_dir(cache_dir))
-    groups = device_groups(parse_devices(devices, env), gpus_per_trial)
-    worker = Worker(url, groups, cache_dir, env, once, tuple(studies) or None, say, trust=trust)
-    return worker.run()
+    with _private(environ) as env:
+        trust = Trust(load_key(env), allow_unsigned)  # checked before the database is opened
+        url = storage or default_storage_url(default_cache_dir(cache_dir))
+        groups = device_groups(parse_devices(devices, env), gpus_per_trial)
+        worker = Worker(url, groups, cache_dir, env, once, tuple(studies) or None, say, trust=trust)
+        return worker.run()
 
 
 def doctor(ray_address: str | None = None) -> list[Check]:

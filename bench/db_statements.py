@@ -64,7 +64,7 @@ def main() -> None:
     from autotune.trials.settings import TrialSettings
 
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    os.environ.setdefault("AUTOTUNE_JOB_KEY", "bench-" + "0" * 40)
+    os.environ.setdefault("AUTOTUNE_JOB_KEY", "0" * 64)
     with tempfile.TemporaryDirectory() as tmp:
         storage = sys.argv[2] if len(sys.argv) > 2 else f"sqlite:///{Path(tmp) / 'autotune.db'}"
         spec = tune_spec(

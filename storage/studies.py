@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sqlalchemy as sa
 
-from autotune.core.errors import StorageError
+from autotune.core.errors import DamagedData, StorageError
+from autotune.core.text import invisible_in
 from autotune.storage import schema
 from autotune.storage.base import DamagedRow, Tables, json_of, now, study_name_of, text_of
 from autotune.storage.rows import BestRow, StudyRow, WorkloadRow
@@ -96,12 +98,57 @@ class StudyTables(Tables):
     def best(self, study_name: str) -> BestRow | None:
         with self._connect() as conn:
             row = conn.execute(sa.select(schema.best).where(schema.best.c.study_name == study_name)).first()
-        return BestRow(**{k: v for k, v in row._mapping.items() if k != "created_at"}) if row else None
+        if row is None:
+            return None
+        values = {k: v for k, v in row._mapping.items() if k != "created_at"}
+        try:
+            return _best(values)
+        except DamagedRow as e:
+            raise DamagedData(
+                f"database {self.display_url}: the stored answer of study {study_name!r} is damaged: {e}"
+            ) from None
 
     def save_best(self, row: BestRow) -> None:
         with self._connect(write=True) as conn:
             conn.execute(sa.delete(schema.best).where(schema.best.c.study_name == row.study_name))
             conn.execute(sa.insert(schema.best).values(**row.__dict__, created_at=now()))
+
+
+def _best(values: dict[str, Any]) -> BestRow:
+    """The row as a BestRow, every field checked: it is printed as a command line (``best --format``), put
+    in a page (``report``) and answers every later run.
+
+    Raises:
+        DamagedRow: a field is not what autotune stores there.
+    """
+    study_name_of(values)
+    for column, low in (
+        ("trial_number", 0),
+        ("batch_size", 1),
+        ("peak_bytes", 0),
+        ("verified_peak_bytes", 0),
+    ):
+        if type(values[column]) is not int or values[column] < low:
+            raise DamagedRow(f"its {column} {values[column]!r} is not a whole number >= {low}")
+    if values["readings"] is not None and (type(values["readings"]) is not int or values["readings"] < 0):
+        raise DamagedRow(f"its readings {values['readings']!r} is not a count")
+    for column in (
+        "samples_per_sec",
+        "verified_samples_per_sec",
+        "samples_per_sec_low",
+        "samples_per_sec_high",
+    ):
+        value = values[column]
+        optional = column.endswith(("_low", "_high"))
+        if (value is not None or not optional) and (
+            type(value) not in (int, float) or not math.isfinite(value) or value < 0
+        ):
+            raise DamagedRow(f"its {column} {value!r} is not a number >= 0")
+    for column in ("plan", "certainty"):
+        text = text_of(values, column, optional=column == "certainty")
+        if text is not None and invisible_in(text) is not None:
+            raise DamagedRow(f"its {column} {text!r} holds a control character")
+    return BestRow(**values)
 
 
 def _study(values: dict[str, Any]) -> StudyRow:

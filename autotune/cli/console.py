@@ -20,6 +20,7 @@ from autotune.cli.fit import PlanNames, clip, plan_width
 from autotune.cli.tables import prediction_error
 from autotune.core.budget import format_bytes
 from autotune.core.errors import first_line
+from autotune.core.text import visible
 from autotune.search.records import TrialRecord
 
 
@@ -161,12 +162,22 @@ def as_json(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
 
 
+class _Visible(Console):
+    """A Console whose every string, printed or in a table cell, shows its control and format characters as
+    escapes (autotune.core.text): a note, a worker id or an error read from a shared database cannot set
+    the terminal's title, clear its screen or move its cursor. Rich's own styling is not text, and is kept;
+    line feeds are kept (autotune's multi-line messages)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(visible(text, keep_newlines=True), **kwargs)
+
+
 def console(stderr: bool = False) -> Console:
     """Results go to stdout; progress (trial lines, the live status) to stderr, so --json stays parseable.
     Logs and pipes get $COLUMNS, else 120 columns rather than rich's 80. Nothing printed is markup: what it
     shows comes from users, scripts and the database (a trial's error ``[/data/train.csv]`` once crashed
     ``run`` and ``show`` with a markup error, and ``[bold]st[red]`` printed as ``st``), table cells included."""
-    return Console(
+    return _Visible(
         markup=False,
         highlight=False,
         emoji=False,  # a plan or an argument like "48:A:1" is text, never ":a:" drawn as an emoji

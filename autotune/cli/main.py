@@ -9,6 +9,7 @@ import click
 
 from autotune.core.environment import check_environment
 from autotune.core.errors import AutotuneError
+from autotune.core.text import visible
 from autotune.trials.interrupts import TrialInterrupted
 
 EXIT_INTERRUPTED = 130
@@ -33,7 +34,7 @@ class _Group(click.Group):
         except AutotuneError as e:
             if ctx.params.get("debug"):
                 raise
-            click.echo(f"Error: {e}", err=True)
+            click.echo(f"Error: {visible(str(e), keep_newlines=True)}", err=True)  # it may quote the database
             ctx.exit(e.exit_code)
         except KeyboardInterrupt as e:
             stopped = (

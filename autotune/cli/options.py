@@ -3,6 +3,7 @@ DEFAULT_HEADROOM): each default is written once, where the value is used."""
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +34,28 @@ def cache_dir_option(help_text: str) -> Callable[[F], F]:
 def storage_option(
     help_text: str = "SQLAlchemy URL of the database (default: SQLite in the cache dir).",
 ) -> Callable[[F], F]:
-    return click.option("--storage", envvar=STORAGE_ENV, help=help_text)
+    return click.option("--storage", envvar=STORAGE_ENV, help=help_text, callback=_warn_of_a_password)
+
+
+def _warn_of_a_password(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A password written in ``--storage`` on the command line is in ``ps`` for every user of the host, and
+    in the shell's history: say so once, with the ways that keep it out (the URL itself still works)."""
+    source = ctx.get_parameter_source(param.name or "storage")
+    if value and source is click.core.ParameterSource.COMMANDLINE and _has_password(value):
+        click.echo(
+            f"Warning: the password in --storage can be read by every user of this host (ps) and stays in "
+            f"your shell's history: give the URL in {STORAGE_ENV} instead, or leave the password out and put "
+            "it in ~/.pgpass (or PGPASSWORD)",
+            err=True,
+        )
+    return value
+
+
+def _has_password(url: str) -> bool:
+    try:
+        return bool(urllib.parse.urlsplit(url).password)
+    except ValueError:  # not a URL at all: the database's own check says so
+        return False
 
 
 BACKEND = click.option(

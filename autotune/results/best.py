@@ -46,12 +46,16 @@ class BestAnswer:
     readings: int | None = None  # how many readings it pools
     certainty: str | None = None  # how noisy the tuning was (None: quiet, or not known)
     grad_accum: int | None = None  # micro-batches per optimizer step (a global batch, or --grad-accum)
-    command: tuple[str, ...] = ()  # the workload's command template, or the script's arguments
+    command: tuple[str, ...] = ()  # the study's command template, or the script and its arguments
     template: bool = False  # whether ``command`` is a template ({batch_size}) rather than script arguments
     outermost: tuple[str, ...] = ()  # the probe's outermost repeated classes (the model's blocks)
     layers: dict[str, int] = field(default_factory=dict)  # instances of each repeated class, by the probe
     # the checkpointing the script does by itself, as the probe saw it (None: none): the plan adds to it
     own_checkpointing: str | None = None
+    # why ``command`` is not printed as the tuned command, or how far it was checked ("": its job's signature
+    # verified under the key this process holds): the command is printed ready to paste, so it comes from
+    # the study's signed job row, never from a row any writer of the database could have changed
+    command_check: str = ""
 
     @property
     def throughput(self) -> Interval:
@@ -115,12 +119,13 @@ def best(
     answer = _best(store, command, budget, study, device, env, backend, global_batch, max_seq_len)
     row = store.study(answer.study)
     workload = store.workload(row.fingerprint) if row is not None else None
-    details = workload.details if workload is not None else {}
     probe = ((workload.discovery or {}).get("probe") or {}) if workload is not None else {}
+    words, template, check = _signed_command(store, answer.study, env)
     return dataclasses.replace(
         answer,
-        command=tuple(details.get("command") or ()),
-        template=bool(details.get("is_template")),
+        command=words,
+        template=template,
+        command_check=check,
         outermost=tuple(c["cls"] for c in probe.get("candidates", ()) if c.get("outermost")),
         layers={c["cls"]: int(c["count"]) for c in probe.get("candidates", ()) if c.get("count")},
         own_checkpointing=probe.get("own_checkpointing"),
@@ -129,6 +134,32 @@ def best(
         cache=str(cache_dir(cache)),
         grad_accum=_grad_accum(row, answer.batch_size) if row is not None else None,
     )
+
+
+def _signed_command(store: Store, study: str, env: Mapping[str, str]) -> tuple[tuple[str, ...], bool, str]:
+    """The study's command as its job row holds it (the script's arguments, or the whole template), whether
+    it is a template, and how far it was checked: its signature verified under the job key ``env`` gives
+    (""), or why it is not printed (no command then)."""
+    from autotune.workers.signing import load_key, signature_error
+
+    job = store.job(study)
+    words = job.spec.get("command") if job is not None else None
+    if job is None or not isinstance(words, list) or not all(isinstance(w, str) for w in words) or not words:
+        return (), False, "no signed job of this study is stored: no command to print"
+    template = job.spec.get("is_template") is True
+    command = tuple(words)  # a script's command starts with the script's absolute path
+    if job.signature is None:
+        return (), template, "the study's job is unsigned: its stored command is not printed"
+    try:
+        key = load_key(env)
+    except InputError as e:
+        return command, template, f"not verified ({e})"
+    if key is None:
+        return command, template, "not verified: this shell holds no job key (AUTOTUNE_JOB_KEY)"
+    why = signature_error(key, job.signature, job.study_name, job.spec, job.scripts)
+    if why is not None:
+        return (), template, f"the study's job does not verify: {why}; its stored command is not printed"
+    return command, template, ""
 
 
 def _grad_accum(row: StudyRow, batch_size: int) -> int | None:

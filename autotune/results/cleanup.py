@@ -1,8 +1,10 @@
 """``autotune gc``: the trial folders of finished studies removed from the cache dir (issue 27: they
 accumulated without end). What ``show`` and ``report`` point to is kept: the folders of trials that ended
 with an error (their log is where the whole traceback is). Only folders this database's trials name, under
-this cache dir's ``trials/``, are touched: another database's trials, another host's, and a running or
-open study's are left as they are."""
+this cache dir's ``trials/``, are touched, and of those only a folder whose own file says that trial
+measured there (autotune.search.optuna_trials.claim_folder): a trial's ``log_dir`` is a row any writer of
+the database can point at another study's folder. Another database's trials, another host's, and a running
+or open study's are left as they are."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.results.records import study_records
+from autotune.search.optuna_trials import folder_claims
 from autotune.storage import JobState, Store
 
 
@@ -42,6 +45,8 @@ def collect(store: Store, cache: Path, dry_run: bool = False) -> Collected:
             folder = Path(record.log_dir).resolve() if record.log_dir else None
             if folder is None or folder.parent != trials or not folder.is_dir():
                 continue
+            if (study.study_name, record.number) not in folder_claims(folder):
+                continue  # not provably this trial's (or measured before trials claimed their folders)
             if record.error:
                 done.kept += 1
                 continue

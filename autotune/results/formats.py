@@ -236,6 +236,8 @@ def command_line(answer: BestAnswer) -> str:
     """The study's own command with the batch size (and accumulation) filled in, the plan in front."""
     from autotune.trials.command import PLACEHOLDER, fill
 
+    if not answer.command and answer.command_check:  # no signed command to print: say why
+        return "\n".join([_header(answer, "the tuned command"), f"# {answer.command_check}"])
     if answer.template:
         words = fill(answer.command, answer.batch_size, answer.grad_accum)
         if not any(PLACEHOLDER in w for w in answer.command):  # the script asks autotune.batch_size()
@@ -243,11 +245,13 @@ def command_line(answer: BestAnswer) -> str:
         else:
             exports = {} if _no_plan(answer) else _plan_env(answer)
     else:  # a script run under the harness: it reads the batch size from autotune.batch_size()
-        words = ["python", answer.script, *answer.command]
+        words = ["python", *answer.command]
         exports = answer.env()
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items())
     line = f"{prefix} {shlex.join(words)}" if prefix else shlex.join(words)
     lines = [_header(answer, "the tuned command"), line, *_own_lines(answer)]
+    if answer.command_check:
+        lines.insert(1, f"# {answer.command_check}")
     if exports.get(PLAN_ENV, "none") != "none" and answer.template:
         lines.insert(1, f"# the script applies the plan with one line: {PREPARE_LINE}")
     return "\n".join(lines + [f"# {line}" for line in compile_setting(answer)])

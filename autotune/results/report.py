@@ -189,7 +189,7 @@ def _answer_head(answer: BestAnswer | None) -> str:
     e = html.escape
     accum = f", {answer.grad_accum} micro-batches per optimizer step" if answer.grad_accum else ""
     return (
-        f"<h2>The answer</h2><p><b>batch {answer.batch_size}{e(accum)}, plan {e(answer.plan)}</b>: "
+        f"<h2>The answer</h2><p><b>batch {e(str(answer.batch_size))}{e(accum)}, plan {e(answer.plan)}</b>: "
         f"{answer.samples_per_sec:,.1f} samples/s at a peak of {e(format_bytes(answer.peak_bytes))} "
         f"({e(answer.source)}).</p>"
         + (f"<p>How sure: {e(answer.certainty)}.</p>" if answer.certainty else "")

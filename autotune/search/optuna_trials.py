@@ -3,7 +3,10 @@ failed. Workers race on these writes; each function says how it settles the race
 
 from __future__ import annotations
 
+import contextlib
+import json
 import warnings
+from pathlib import Path
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
@@ -94,6 +97,8 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
     a finished measurement is never dropped for a transient error. If another worker failed the trial
     meanwhile (it took this worker for dead), the measurement is added as a trial of its own."""
     attrs = _measurement(result)
+    if result.log_dir:
+        claim_folder(Path(result.log_dir), study.study_name, trial.number)
     constraint: dict[str, list[float]] = {}
     value, state = None, TrialState.FAIL
     if result.outcome is Outcome.COMPLETE or result.outcome.out_of_memory:
@@ -129,6 +134,32 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
             },
         )
     )
+
+
+OWNERS_FILE = "trials.txt"  # in a trial's folder: the study and trial number of each trial it measured
+
+
+def claim_folder(folder: Path, study: str, number: int) -> None:
+    """Write in the trial's ``folder`` that trial ``number`` of ``study`` measured there (a sweep's process
+    measures several). ``autotune gc`` removes a folder only where this says so (autotune.results.cleanup):
+    a trial's stored ``log_dir`` is a row any writer of the database can point at another folder."""
+    # a folder that is gone (removed by hand) has nothing left to prove
+    with contextlib.suppress(OSError), (folder / OWNERS_FILE).open("a", encoding="utf-8") as f:
+        f.write(f"{json.dumps([study, number])}\n")
+
+
+def folder_claims(folder: Path) -> set[tuple[str, int]]:
+    """The (study, trial number) pairs ``claim_folder`` wrote in ``folder``."""
+    try:
+        lines = (folder / OWNERS_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    claims = set()
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError):
+            study, number = json.loads(line)
+            claims.add((str(study), int(number)))
+    return claims
 
 
 def _measurement(result: TrialResult) -> dict[str, object]:

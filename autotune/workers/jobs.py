@@ -33,9 +33,9 @@ def script_sha256(command: TrialCommand) -> str | None:
 
 
 def job_row(
-    spec: TuneSpec, study_name: str, submitted_by: str, state: JobState, key: JobKey | None
+    spec: TuneSpec, study_name: str, submitted_by: str, state: JobState, key: JobKey | None, round: int = 0
 ) -> JobRow:
-    """The stored form of ``spec``, signed with ``key`` (unsigned without one)."""
+    """The stored form of ``spec``, signed with ``key`` for its ``round`` (unsigned without a key)."""
     data = json.loads(json.dumps(spec.to_json()))  # as the database gives it back: what is signed is read
     scripts = scripts_named(data["command"], data["cwd"])
     return JobRow(
@@ -46,7 +46,7 @@ def job_row(
         state,
         submitted_by,
         scripts=scripts,
-        signature=sign(key, study_name, data, scripts) if key is not None else None,
+        signature=sign(key, study_name, data, scripts, round) if key is not None else None,
     )
 
 

