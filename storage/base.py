@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 
 from autotune.core.errors import InputError, StorageError
 from autotune.core.names import check_study_name
+from autotune.core.text import invisible_in
 
 log = logging.getLogger("autotune.storage")
 _SAID: set[str] = set()  # the damaged-row lines this process printed
@@ -78,6 +80,46 @@ def text_of(values: dict[str, Any], column: str, optional: bool = False) -> Any:
         return None
     if not isinstance(value, str):
         raise DamagedRow(f"its {column} is not text")
+    return value
+
+
+def plain_text_of(values: dict[str, Any], column: str, optional: bool = False) -> Any:
+    """``values[column]`` as ``text_of`` reads it, without control or format characters (a plan, a worker
+    id: shown in every table and line, and a plan is applied).
+
+    Raises:
+        DamagedRow: it is not text, or holds one.
+    """
+    text = text_of(values, column, optional)
+    if text is not None and invisible_in(text) is not None:
+        raise DamagedRow(f"its {column} {text!r} holds a control character")
+    return text
+
+
+def whole_of(values: dict[str, Any], column: str, low: int = 0, optional: bool = False) -> Any:
+    """``values[column]``, which must be a whole number >= ``low`` (None too, if ``optional``): never text
+    in an INTEGER column, which SQLite keeps and a changed column type gives back.
+
+    Raises:
+        DamagedRow: it is not.
+    """
+    value = values[column]
+    if (value is not None or not optional) and (type(value) is not int or value < low):
+        raise DamagedRow(f"its {column} {value!r} is not a whole number >= {low}")
+    return value
+
+
+def number_of(values: dict[str, Any], column: str, optional: bool = False) -> Any:
+    """``values[column]``, which must be a finite number >= 0 (None too, if ``optional``).
+
+    Raises:
+        DamagedRow: it is not.
+    """
+    value = values[column]
+    if (value is not None or not optional) and (
+        type(value) not in (int, float) or not math.isfinite(value) or value < 0
+    ):
+        raise DamagedRow(f"its {column} {value!r} is not a number >= 0")
     return value
 
 

@@ -12,9 +12,16 @@ from typing import Any
 import sqlalchemy as sa
 
 from autotune.core.errors import DamagedData, StorageError
-from autotune.core.text import invisible_in
 from autotune.storage import schema
-from autotune.storage.base import DamagedRow, Tables, now, study_name_of, text_of
+from autotune.storage.base import (
+    DamagedRow,
+    Tables,
+    now,
+    plain_text_of,
+    study_name_of,
+    text_of,
+    whole_of,
+)
 from autotune.storage.rows import Lease, LeaseKind, LeaseState
 
 
@@ -262,17 +269,13 @@ def _lease(values: dict[str, Any]) -> Lease:
         state = LeaseState(values["state"])
     except ValueError:
         raise DamagedRow(f"its state {values['state']!r} is not a lease state") from None
-    lowest = {"batch_size": 0 if kind is LeaseKind.SLOT else 1, "attempt": 0, "beats": 0, "id": 0}
-    for column, low in lowest.items():
-        if type(values[column]) is not int or values[column] < low:
-            raise DamagedRow(f"its {column} {values[column]!r} is not a whole number >= {low}")
-    number = values["trial_number"]
-    if number is not None and (type(number) is not int or number < 0):
-        raise DamagedRow(f"its trial_number {number!r} is not a trial number")
-    for column in ("plan", "worker", "device"):
-        text = text_of(values, column, optional=column != "plan")
-        if text is not None and invisible_in(text) is not None:
-            raise DamagedRow(f"its {column} {text!r} holds a control character")
+    whole_of(values, "batch_size", 0 if kind is LeaseKind.SLOT else 1)  # a slot lease's is its slot number
+    for column in ("id", "attempt", "beats"):
+        whole_of(values, column)
+    whole_of(values, "trial_number", optional=True)
+    plain_text_of(values, "plan")
+    plain_text_of(values, "worker", optional=True)
+    plain_text_of(values, "device", optional=True)
     text_of(values, "note", optional=True)
     study_name_of(values)
     return Lease(**{**values, "kind": kind, "state": state})

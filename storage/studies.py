@@ -3,15 +3,23 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import sqlalchemy as sa
 
 from autotune.core.errors import DamagedData, StorageError
-from autotune.core.text import invisible_in
 from autotune.storage import schema
-from autotune.storage.base import DamagedRow, Tables, json_of, now, study_name_of, text_of
+from autotune.storage.base import (
+    DamagedRow,
+    Tables,
+    json_of,
+    now,
+    number_of,
+    plain_text_of,
+    study_name_of,
+    text_of,
+    whole_of,
+)
 from autotune.storage.rows import BestRow, StudyRow, WorkloadRow
 
 
@@ -122,32 +130,17 @@ def _best(values: dict[str, Any]) -> BestRow:
         DamagedRow: a field is not what autotune stores there.
     """
     study_name_of(values)
-    for column, low in (
-        ("trial_number", 0),
-        ("batch_size", 1),
-        ("peak_bytes", 0),
-        ("verified_peak_bytes", 0),
-    ):
-        if type(values[column]) is not int or values[column] < low:
-            raise DamagedRow(f"its {column} {values[column]!r} is not a whole number >= {low}")
-    if values["readings"] is not None and (type(values["readings"]) is not int or values["readings"] < 0):
-        raise DamagedRow(f"its readings {values['readings']!r} is not a count")
-    for column in (
-        "samples_per_sec",
-        "verified_samples_per_sec",
-        "samples_per_sec_low",
-        "samples_per_sec_high",
-    ):
-        value = values[column]
-        optional = column.endswith(("_low", "_high"))
-        if (value is not None or not optional) and (
-            type(value) not in (int, float) or not math.isfinite(value) or value < 0
-        ):
-            raise DamagedRow(f"its {column} {value!r} is not a number >= 0")
-    for column in ("plan", "certainty"):
-        text = text_of(values, column, optional=column == "certainty")
-        if text is not None and invisible_in(text) is not None:
-            raise DamagedRow(f"its {column} {text!r} holds a control character")
+    whole_of(values, "trial_number")
+    whole_of(values, "batch_size", 1)
+    whole_of(values, "peak_bytes")
+    whole_of(values, "verified_peak_bytes")
+    whole_of(values, "readings", optional=True)
+    number_of(values, "samples_per_sec")
+    number_of(values, "verified_samples_per_sec")
+    number_of(values, "samples_per_sec_low", optional=True)
+    number_of(values, "samples_per_sec_high", optional=True)
+    plain_text_of(values, "plan")
+    plain_text_of(values, "certainty", optional=True)
     return BestRow(**values)
 
 

@@ -24,6 +24,14 @@ def check_batch_size(value: object, what: str = "a batch size") -> int:
     return value
 
 
+def check_trial_sizes(batch_size: object, grad_accum: object | None) -> None:
+    """Raises InputError unless a trial's batch size, and its accumulation if it has one, are whole numbers
+    >= 1 (check_batch_size)."""
+    check_batch_size(batch_size, "a trial's batch size")
+    if grad_accum is not None:
+        check_batch_size(grad_accum, "a trial's gradient accumulation")
+
+
 def check_global_batch(global_batch: int) -> int:
     """Raises InputError unless 1 <= ``global_batch`` <= MAX_GLOBAL_BATCH."""
     if not 1 <= global_batch <= MAX_GLOBAL_BATCH:

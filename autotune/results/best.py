@@ -47,7 +47,7 @@ class BestAnswer:
     certainty: str | None = None  # how noisy the tuning was (None: quiet, or not known)
     grad_accum: int | None = None  # micro-batches per optimizer step (a global batch, or --grad-accum)
     command: tuple[str, ...] = ()  # the study's command template, or the script and its arguments
-    template: bool = False  # whether ``command`` is a template ({batch_size}) rather than script arguments
+    template: bool = False  # whether ``command`` is a template ({batch_size}) rather than a script's
     outermost: tuple[str, ...] = ()  # the probe's outermost repeated classes (the model's blocks)
     layers: dict[str, int] = field(default_factory=dict)  # instances of each repeated class, by the probe
     # the checkpointing the script does by itself, as the probe saw it (None: none): the plan adds to it
@@ -137,7 +137,7 @@ def best(
 
 
 def _signed_command(store: Store, study: str, env: Mapping[str, str]) -> tuple[tuple[str, ...], bool, str]:
-    """The study's command as its job row holds it (the script's arguments, or the whole template), whether
+    """The study's command as its job row holds it (the script and its arguments, or the template), whether
     it is a template, and how far it was checked: its signature verified under the job key ``env`` gives
     (""), or why it is not printed (no command then)."""
     from autotune.workers.signing import load_key, signature_error

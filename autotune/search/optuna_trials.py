@@ -42,8 +42,8 @@ def set_memory_constraint(trial: optuna.Trial, mib: float) -> None:
 
 
 def records_of(study: optuna.Study, *, as_measured: bool = False) -> list[TrialRecord]:
-    """The study's trials (a damaged one skipped, with one line); where the job declared its longest inputs (--max-seq-len), every peak is read at
-    that length (autotune.search.longest) unless ``as_measured``."""
+    """The study's trials (a damaged one skipped, with one line); where the job declared its longest inputs
+    (--max-seq-len), every peak is read at that length (autotune.search.longest) unless ``as_measured``."""
     records = []
     for trial in study.get_trials(deepcopy=False):
         try:

@@ -237,8 +237,8 @@ class DamagedTrial(ValueError):
     """A stored trial that is not what autotune wrote: why, in a few words."""
 
 
-_TEXT_ATTRS = {"proposed_by", "log_dir", "error", "worker", "device", "note", "memory_method"}
-_TEXT_ATTRS |= {"own_checkpointing", "settled"}
+_TEXT_ATTRS = {"proposed_by", "log_dir", "error", "worker", "device", "note", "memory_method", "own_checkpointing",
+               "settled"}  # fmt: skip
 
 
 def _checked_attr(name: str, value: Any) -> Any:
@@ -258,16 +258,14 @@ def _checked_attr(name: str, value: Any) -> Any:
     return value
 
 
-def _whole(value: Any) -> int:
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{value!r} is not a whole number >= 0")
+def _whole(value: Any, low: int = 0) -> int:
+    if type(value) is not int or value < low:
+        raise ValueError(f"{value!r} is not a whole number >= {low}")
     return value
 
 
 def _checked_batch(value: Any) -> int | None:
-    if value is not None and (type(value) is not int or value < 1):
-        raise ValueError(f"its batch size {value!r} is not a whole number >= 1")
-    return value
+    return _whole(value, 1) if value is not None else None
 
 
 def _checked_plan(value: Any) -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import autotune
-from autotune.core.batches import check_batch_size
+from autotune.core.batches import check_trial_sizes
 from autotune.core.errors import InputError
 
 PLACEHOLDER = "{batch_size}"
@@ -195,9 +195,7 @@ def fill(words: Sequence[str], batch_size: int, grad_accum: int | None) -> list[
     Raises:
         InputError: either is not a whole number >= 1 (the words may be a shell's: nothing else goes in).
     """
-    check_batch_size(batch_size, "a trial's batch size")
-    if grad_accum is not None:
-        check_batch_size(grad_accum, "a trial's gradient accumulation")
+    check_trial_sizes(batch_size, grad_accum)
     return [
         w.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(grad_accum or 1))
         for w in words

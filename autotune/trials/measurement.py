@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.backends import AnyPlan, parse_backend_plan
 from autotune.backends.probe_report import ModuleCandidate, probe_report_from_json
-from autotune.core.batches import check_batch_size, grad_accum_for
+from autotune.core.batches import check_trial_sizes, grad_accum_for
 from autotune.core.budget import Budget, parse_budget
 from autotune.core.errors import InputError
 from autotune.core.faults import files_fault, unwritable, writing_trial_files
@@ -187,9 +187,7 @@ def run_trial(
         InputError: ``batch_size`` or ``grad_accum`` is not a whole number >= 1 (whoever called: it goes into
             the trial's command line and environment), before anything is started.
     """
-    check_batch_size(batch_size, "a trial's batch size")
-    if grad_accum is not None:
-        check_batch_size(grad_accum, "a trial's gradient accumulation")
+    check_trial_sizes(batch_size, grad_accum)
     with writing_trial_files(root / "trials"):
         workdir = new_trial_dir(root)
         request = _request(

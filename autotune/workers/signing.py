@@ -165,12 +165,27 @@ def sign(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, 
 
 def signature_round(signature: str | None) -> int:
     """The round a signature was made for (0: the first, or not one autotune writes)."""
-    parts = (signature or "").split(":")
-    return (
-        int(parts[2])
-        if len(parts) == 4 and parts[0] == "v2" and parts[2].isascii() and parts[2].isdigit()
-        else 0
-    )
+    parts = _parts(signature or "")
+    return parts[2] if parts is not None else 0
+
+
+def _parts(signature: str) -> tuple[str, str, int, str] | None:
+    """(version, key id, round, mac) of a signature autotune writes (round 0 for ``v1``); None for any other
+    text (a database row: a MAC that is not hex once made ``hmac.compare_digest`` raise)."""
+    version, _, rest = signature.partition(":")
+    key_id, _, mac = rest.partition(":")
+    round = 0
+    if version == "v2":
+        text, _, mac = mac.partition(":")
+        round = int(text) if text.isascii() and text.isdigit() and int(text) > 0 else -1
+    if (
+        version not in (_VERSION, "v2")
+        or round < 0
+        or not _HEX8.fullmatch(key_id)
+        or not _HEX64.fullmatch(mac)
+    ):
+        return None
+    return version, key_id, round, mac
 
 
 def _mac(key: JobKey, study_name: str, spec: dict[str, Any], scripts: dict[str, str], round: int = 0) -> str:
@@ -185,19 +200,10 @@ def signature_error(
     key: JobKey, signature: str, study_name: str, spec: dict[str, Any], scripts: dict[str, str] | None
 ) -> str | None:
     """Why ``signature`` does not verify under ``key`` (None: it does)."""
-    version, _, rest = signature.partition(":")
-    key_id, _, mac = rest.partition(":")
-    round = 0
-    if version == "v2":
-        text, _, mac = mac.partition(":")
-        round = int(text) if text.isascii() and text.isdigit() and int(text) > 0 else -1
-    if (
-        version not in (_VERSION, "v2")
-        or round < 0
-        or not _HEX8.fullmatch(key_id)
-        or not _HEX64.fullmatch(mac)
-    ):
+    parts = _parts(signature)
+    if parts is None:
         return f"its signature is not one this autotune writes ({_VERSION}:<key id>:<hmac>)"
+    _, key_id, round, mac = parts
     if not hmac.compare_digest(mac, _mac(key, study_name, spec, scripts or {}, round)):
         if key_id != key.key_id:
             return (

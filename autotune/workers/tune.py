@@ -87,16 +87,16 @@ def _tune_on(
 ) -> TuneResult:
     job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=cluster)
     name = job.study_row.study_name
-    previous = job.store.job(name)
-    if spec.force:  # a new round of the job: its workers run it again (autotune.workers.signing.sign)
+    previous = job.store.job(name) if spec.force else None
+    if spec.force:
         job.store.forget_study(name)
     elif (cached := job.store.best(name)) is not None:
         reporter.note(f"zero trials: answered from {job.store.display_url} (study {name}); --force re-tunes")
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, stopped=None, cached=True)
     study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
-    again = spec.force and previous is not None and previous.state in (JobState.DONE, JobState.FAILED)
-    round = signature_round(previous.signature if previous is not None else None) + 1 if again else 0
+    # --force: a new round of the job, which workers that ran the last one run too (autotune.workers.signing)
+    round = signature_round(previous.signature) + 1 if previous is not None else 0
     row = job_row(spec, name, worker, JobState.RUNNING, key, round)
     if job.store.submit_job(row).signature != row.signature:
         job.store.replace_job(row)  # an earlier run's job, or one submitted with another key: this run's now
