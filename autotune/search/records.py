@@ -253,8 +253,8 @@ def _checked_attr(name: str, value: Any) -> Any:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise TypeError("its phase_peaks are not peaks by phase")
         return {k: _whole(v) for k, v in value.items()}
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"its {name} {value!r} is not a number >= 0")
+    if type(value) not in (int, float) or not math.isfinite(value):  # an interval's low edge may be < 0
+        raise ValueError(f"its {name} {value!r} is not a number")
     return value
 
 

@@ -50,7 +50,9 @@ def test_measure_json_reports_the_trial(tmp_path) -> None:
     assert [data[k] for k in ("outcome", "batch_size", "plan", "device")] == ["complete", 3, "none", "cpu"]
     assert 60 * MiB < data["peak_bytes"] < 2**31
     assert (data["budget_bytes"], data["fits"]) == (2**31, True)
-    assert len(data["step_seconds"]) == 2
+    # --steps 2 measured, and more while the readings' interval is wider than --tight's 3% (a loaded machine:
+    # CI's fresh run read 3): the trial measures on by design
+    assert len(data["step_seconds"]) >= 2
 
 
 def test_measure_over_budget_exits_1_and_says_so(tmp_path) -> None:

@@ -21,6 +21,7 @@ import optuna
 import pytest
 import sqlalchemy
 from cli.test_gc import folders, tuned
+from optuna.distributions import CategoricalDistribution
 from workers.test_signed_jobs import QUICK, engine, submit, submitted, worker
 
 from autotune import api as autotune_api
@@ -29,7 +30,9 @@ from autotune.core.plans import Backend, parse_plan
 from autotune.hardware.devices import cpu_device
 from autotune.hardware.meters import RssMeter
 from autotune.leases.identity import host_name
+from autotune.search.records import TrialRecord
 from autotune.search.spec import tune_spec
+from autotune.storage import BestRow, open_store
 from autotune.storage.database import parse_url, redact
 from autotune.trials.command import TrialCommand, fill
 from autotune.trials.measurement import measure_spec, run_trial
@@ -360,3 +363,29 @@ def test_a_password_in_storage_is_warned_of_with_the_alternative_and_a_chosen_ke
     assert (chosen.returncode, chosen.stderr) == (2, (
         "Error: AUTOTUNE_JOB_KEY: a job key must be 64 hex digits as autotune keygen writes them (a chosen key can "
         "be guessed from the signatures stored in the database), got 40 characters\n"))  # fmt: skip
+
+
+def test_an_answer_whose_interval_reaches_below_zero_is_autotune_s_own_and_reads_back(tmp_path: Path) -> None:
+    """The checks above refuse what autotune never writes, nothing it does: a loaded machine's readings can
+    scatter so widely that the interval's low edge is below 0 (CI's fresh run: -4.79 samples/s, which the
+    first version of the check refused as damaged, in a stored answer and in a trial alike)."""
+    store = open_store(f"sqlite:///{tmp_path / 'autotune.db'}")
+    row = BestRow("s", 3, 8, "none", 2**20, 50.6, 2**20, 50.6, -0.5, 101.8, 4, "busy")
+    store.save_best(row)
+    assert store.best("s") == row
+    frozen = optuna.trial.create_trial(
+        params={"batch_size": 8, "plan": "none"},
+        distributions={
+            "batch_size": CategoricalDistribution((8,)),
+            "plan": CategoricalDistribution(("none",)),
+        },
+        value=50.6,
+        user_attrs={
+            "kind": "measured",
+            "outcome": "complete",
+            "samples_per_sec": 50.6,
+            "samples_per_sec_low": -0.5,
+            "samples_per_sec_high": 101.8,
+        },
+    )
+    assert TrialRecord.from_frozen(frozen).samples_per_sec_low == -0.5  # a reading, not a damaged trial
