@@ -9,6 +9,9 @@ With ``--find``, the peer autotune is compared with chooses the batch size: Acce
 ``find_executable_batch_size`` (each try trains 3 steps; the allocator capped at ``--budget-bytes``, as
 ``torch.cuda.set_per_process_memory_fraction`` caps it), printing one JSON line: the batch size found, the
 tries and their seconds. ``--layers``/``--width``/``--seq`` make it smaller (bench/gpu_side_by_side.py --quick).
+``--device cpu`` trains in float32 on the CPU; its ``--find`` caps the process's address space at
+``--budget-bytes`` (as ``ulimit -v`` does), where torch's CPU allocator raises the error Accelerate halves on
+(bench/time_to_answer.py).
 """
 
 from __future__ import annotations
@@ -31,17 +34,18 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.optim.Optimi
         n_positions=args.seq,
         vocab_size=VOCAB,
     )
-    with torch.device("cuda"):
+    with torch.device(args.device):
         model = GPT2LMHeadModel(config)
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int, seq: int) -> float:
-    ids = torch.randint(VOCAB, (batch, seq), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    device = next(model.parameters()).device.type
+    ids = torch.randint(VOCAB, (batch, seq), device=device)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     optimizer.step()
@@ -53,8 +57,13 @@ def find(args: argparse.Namespace) -> None:
     from accelerate.utils import find_executable_batch_size
 
     started = time.monotonic()
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(args.budget_bytes / total, 1.0))
+    if args.device == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(args.budget_bytes / total, 1.0))
+    else:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (args.budget_bytes, args.budget_bytes))
     model, optimizer = build(args)
     tried: list[int] = []
 
@@ -63,7 +72,8 @@ def find(args: argparse.Namespace) -> None:
         tried.append(batch_size)
         for _ in range(3):
             train_step(model, optimizer, batch_size, args.seq)
-        torch.cuda.synchronize()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         return batch_size
 
     searching = time.monotonic()
@@ -84,6 +94,7 @@ def main() -> None:
     parser.add_argument("--find", action="store_true", help="Accelerate's find_executable_batch_size")
     parser.add_argument("--start", type=int, default=64, help="--find's starting batch size")
     parser.add_argument("--budget-bytes", type=int, default=12 * 2**30, help="--find's allocator cap")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.find:

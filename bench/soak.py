@@ -114,9 +114,7 @@ def _sampled(argv: list[str], cache: Path) -> tuple[list[Sample], float, int]:
     seen = 0
     trials_dir = cache / "trials"
     while tuner.poll() is None:
-        done = (
-            sum(1 for d in trials_dir.iterdir() if (d / "report.json").exists()) if trials_dir.exists() else 0
-        )
+        done = _reports(trials_dir)
         if done > seen:
             seen = done
             sample = _sample(tuner.pid, done)
@@ -127,6 +125,15 @@ def _sampled(argv: list[str], cache: Path) -> tuple[list[Sample], float, int]:
     if tuner.returncode != 0:
         print((cache / "tuner.log").read_text()[-4000:], file=sys.stderr)
     return samples, time.monotonic() - started, tuner.returncode
+
+
+def _reports(trials_dir: Path) -> int:
+    """Trial reports landed: a trial process's ``report.json``, a warm process's ``report-K.json`` each."""
+    if not trials_dir.exists():
+        return 0
+    return sum(
+        (d / "report.json").exists() + sum(1 for _ in d.glob("report-*.json")) for d in trials_dir.iterdir()
+    )
 
 
 def space_for(trials: int) -> tuple[str, str]:

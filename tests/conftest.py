@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -303,14 +304,27 @@ def trial_pids(cache: Path, started_by: int | None = None) -> list[int]:
     return pids
 
 
+def trials_started(cache: Path, started_by: int | None = None) -> set[str]:
+    """The trials under ``cache`` that have started: each live trial process, and each configuration a warm
+    process was sent (its ``next-K.json``, autotune.trials.warm; the message that ends it is none)."""
+    started = {f"pid {pid}" for pid in trial_pids(cache, started_by)}
+    folders = "*" if started_by is None else f"*-{started_by}-*"
+    for message in cache.glob(f"trials/{folders}/next-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(message.read_text())["request"]:
+                started.add(str(message))
+    return started
+
+
 def signal_as_a_trial_starts(
     proc: subprocess.Popen, sig: int, cache: Path, started_by: int | None = None
 ) -> None:
-    """Send ``sig`` to ``proc`` as soon as a new trial process appears (one not alive when this is called):
-    the signal lands in the trial's first ~0.1 s, never as it ends. Which trial it hit is then read from
-    the database, not guessed before the signal (a trial seen RUNNING may have finished by then)."""
-    before = set(trial_pids(cache, started_by))
-    wait_for(lambda: set(trial_pids(cache, started_by)) - before)
+    """Send ``sig`` to ``proc`` as soon as a new trial starts (a trial process not alive when this is called,
+    or a warm process's next configuration): the signal lands in the trial's first ~0.1 s, never as it ends.
+    Which trial it hit is then read from the database, not guessed before the signal (a trial seen RUNNING
+    may have finished by then)."""
+    before = trials_started(cache, started_by)
+    wait_for(lambda: trials_started(cache, started_by) - before)
     proc.send_signal(sig)
 
 

@@ -103,6 +103,15 @@ def _own_off(model: nn.Module) -> int:
     return switched
 
 
+def reset_counters() -> None:
+    """Every counter above back to a fresh process's (a warm process's next configuration:
+    autotune.runtime.warm)."""
+    _OWN_CALLS[0] = 0
+    _OWN_OFF[0] = False
+    for key in RAN:
+        RAN[key] = 0
+
+
 def own_checkpoint_calls() -> int:
     """The script's own checkpoint calls counted so far (0 before :func:`watch_own_checkpointing`)."""
     return _OWN_CALLS[0]

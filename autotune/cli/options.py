@@ -273,8 +273,16 @@ def search_options(command: F) -> F:
                 "--sweep/--no-sweep",
                 default=None,
                 help="Measure the plans without a reading at one batch size in one trial process, each plan "
-                "switched between steps (one start-up for several plans). Default: on for GPU trials, off on "
-                "the CPU.",
+                "switched between steps (one start-up for several plans). Default: on for GPU trials with "
+                "--no-warm, else off.",
+            ),
+            click.option(
+                "--warm/--no-warm",
+                default=True,
+                show_default=True,
+                help="One trial process measures configuration after configuration, the script run again "
+                "in it for each (imports, the CUDA context and compile caches kept); --no-warm: a process "
+                "per trial. The winner is always verified in a process of its own.",
             ),
             GLOBAL_BATCH,
             GRAD_ACCUM,

@@ -41,6 +41,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         host_budget=options["host_budget"],
         max_seq_len=options["max_seq_len"],
         sweep=options["sweep"],
+        warm=options["warm"],
         executor=options.get("executor", "local"),
         ray_address=options.get("ray_address"),
         nodes_per_trial=options.get("nodes_per_trial", 1),

@@ -371,6 +371,9 @@ class RayRunner:
     def check(self) -> None:
         check_between(self.shield, self.stop)
 
+    def close(self) -> None:
+        pass  # each trial is a task of its own: nothing is kept between them
+
 
 def describe(nodes: Sequence[Mapping[str, float]]) -> str:
     """The live nodes' GPUs and CPUs, in one line."""

@@ -109,6 +109,9 @@ class TrialRequest:
     # the plan switched between two steps, warm-up and measured steps of its own, its peak filed under the
     # phase SEGMENT_PHASE + plan (autotune.runtime.trial).
     sweep: tuple[str, ...] = ()
+    # A warm process (issue 41, autotune.runtime.warm): after this configuration the runtime returns the
+    # process to rest and waits in the request's folder for the next one (WarmMessage), instead of ending.
+    warm: bool = False
 
     @property
     def total_steps(self) -> int:
@@ -133,6 +136,48 @@ class TrialRequest:
 
 
 SEGMENT_PHASE = "plan "  # a sweep's segment is filed by the meter under this phase + the plan
+WARM_PHASE = "run "  # a warm process's configuration k is filed by the meter under this phase + k
+REST_PHASE = "rest "  # ... and its rest after configuration k under this one
+
+
+def warm_file(folder: str | Path, kind: str, run: int) -> Path:
+    """A warm process's file of its ``run``-th configuration in ``folder`` (autotune.runtime.warm): the
+    tuner's ``request``, the runtime's ``report`` and ``progress``, the runtime's ``rest`` after it, and the
+    tuner's ``next`` message (the next configuration, or the end)."""
+    return Path(folder) / f"{kind}-{run}.json"
+
+
+@dataclass(frozen=True)
+class WarmMessage:
+    """What the tuner tells a warm process at rest: run ``request`` (its command line after the harness:
+    ``argv``), or end (``request`` empty)."""
+
+    request: str = ""
+    argv: tuple[str, ...] = ()
+
+    def write(self, path: Path) -> None:
+        _write_json_atomic(path, {"request": self.request, "argv": list(self.argv)})
+
+    @classmethod
+    def read(cls, path: Path) -> WarmMessage:
+        data = json.loads(path.read_text())
+        return cls(str(data["request"]), tuple(str(a) for a in data["argv"]))
+
+
+@dataclass(frozen=True)
+class Rest:
+    """A warm process back at rest after a configuration, as it measured itself (autotune.runtime.warm)."""
+
+    rss_bytes: int  # resident now (after the collection and malloc_trim)
+    cuda_allocated: int | None = None  # torch's CUDA counters now (None: CUDA not in use)
+    cuda_reserved: int | None = None
+
+    def write(self, path: Path) -> None:
+        _write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def read(cls, path: Path) -> Rest:
+        return cls(**json.loads(path.read_text()))
 
 
 @dataclass(frozen=True)
@@ -198,6 +243,9 @@ class TrialReport:
     # included; the outcome and error, where not complete, are the next segment's. The report's own steps
     # are the first segment's.
     segments: list[Segment] | None = None
+    # the process's resident high-water mark as the report was written (Linux VmHWM; in a warm process since
+    # its return to rest before this configuration): no sampler can miss it
+    rss_peak: int | None = None
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)

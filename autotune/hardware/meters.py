@@ -96,6 +96,7 @@ class MemoryMeter(Protocol):
     ``ceiling``, sets ``over`` as soon as a sample passes it (the launcher then stops the trial)."""
 
     over: threading.Event
+    samples: int  # taken so far for the trial
 
     def start(
         self,
@@ -116,6 +117,17 @@ class MemoryMeter(Protocol):
 
     def peaks_by_step(self) -> dict[int, int]:
         """The largest sample so far while the trial had finished k steps, by k."""
+
+    def split(self) -> tuple[dict[int, int], dict[str, int]]:
+        """The largest samples by step and by phase since the start or the last split, and new ones from
+        now: a warm process's configurations each get their own (autotune.trials.warm)."""
+
+    @property
+    def method(self) -> str:
+        """What the meter reads now: "rss" (one process), "rss-tree" or "nvml"."""
+
+    def current(self) -> int:
+        """The trial's memory at the last sample (its heaviest rank's, in a multi-process trial)."""
 
 
 def make_meter(device: Device, nvml: Any = None) -> MemoryMeter:
@@ -149,6 +161,12 @@ class _Sampler:
 
     def peaks_by_step(self) -> dict[int, int]:
         return dict(self._by_step)  # one C-level copy: the sampling thread may add a step meanwhile
+
+    def split(self) -> tuple[dict[int, int], dict[str, int]]:
+        # each swap is one store: a sample the thread is filing now lands in the old dict or the new one
+        by_step, self._by_step = self._by_step, {}
+        by_phase, self._by_phase = self._by_phase, {}
+        return dict(by_step), dict(by_phase)
 
     def start(
         self,
@@ -259,6 +277,10 @@ class RssMeter(_Sampler):
 
     def current(self) -> int:
         return self._now
+
+    @property
+    def method(self) -> str:
+        return "rss-tree" if self._processes > 1 else "rss"
 
     def _sample_ranks(self, sizes: dict[int, int], rank_of: dict[int, int]) -> None:
         """Each rank's tree: its process and every descendant that no other rank owns."""
@@ -381,6 +403,10 @@ class NvmlMeter(_Sampler):
 
     def current(self) -> int:
         return self._now
+
+    @property
+    def method(self) -> str:
+        return "nvml"
 
     def _used(self, index: int = 0) -> int:
         memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index], version=self._nvml.nvmlMemory_v2)

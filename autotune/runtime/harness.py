@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-from autotune.runtime import hooks, trial
+from autotune.runtime import hooks, trial, warm
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +22,14 @@ def main(argv: list[str]) -> int:
         return 2
     hooks.install()
     running = trial.current()
+    if running is None:
+        run_script(argv, catch=False)
+        return 0
+    return warm.serve(run_script, argv, running)  # once, or again for each configuration of a warm process
+
+
+def run_script(argv: list[str], catch: bool = True) -> BaseException | None:
+    """Run the script (``argv``: as after the harness) as ``__main__``; what it raised (None: it ended)."""
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -31,10 +39,10 @@ def main(argv: list[str]) -> int:
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # as `python SCRIPT` would
             runpy.run_path(argv[0], run_name="__main__")
     except BaseException as error:
-        if running is None:
+        if not catch:
             raise
-        return running.conclude(error)
-    return running.conclude(None) if running is not None else 0
+        return error
+    return None
 
 
 if __name__ == "__main__":

@@ -115,7 +115,27 @@ def _install_torch_hooks(torch: Any) -> None:
     optimizer_module = importlib.import_module("torch.optim.optimizer")
     module_module = importlib.import_module("torch.nn.modules.module")
     optimizer_module.register_optimizer_step_post_hook(on_optimizer_step)
-    handle = module_module.register_module_forward_pre_hook(on_first_forward)
+    handle: Any = None
+
+    def arm() -> None:
+        nonlocal handle
+        if handle is not None:
+            handle.remove()
+        not_model.clear()  # ids of the last run's modules: a new object may take one
+        handle = module_module.register_module_forward_pre_hook(on_first_forward)
+
+    _ARMS[:] = [arm]
+    arm()
+
+
+_ARMS: list[Callable[[], None]] = []  # arms the hook that finds the model at its first forward
+
+
+def rearm() -> None:
+    """A warm process's next run of the script (autotune.runtime.warm): find its model again at its first
+    forward (a no-op before the script has imported torch: the hooks are not in yet)."""
+    for arm in _ARMS:
+        arm()
 
 
 def _hook_compile(torch: Any, trial: _Trial) -> None:

@@ -174,6 +174,26 @@ class _Trial:
         self.segment_start = 0  # the steps done when the current segment began
         self.segment_phase: str | None = None  # what the meter files this segment's samples under
         self.switch: Callable[[str], str] | None = None
+        # a warm process's later configurations (autotune.runtime.warm): the seconds its first one took to
+        # start, which a fresh trial of this configuration would have taken too (how long it may measure on)
+        self.process_startup = 0.0
+
+    def restart(self, request: TrialRequest) -> None:
+        """A warm process's next configuration (autotune.runtime.warm): this trial starts over with
+        ``request``. The same object, since the hooks and the frameworks' wrappers hold it."""
+        startup = self.process_startup or self._startup()
+        self.__init__(request, self.rank)  # type: ignore[misc]
+        self.process_startup = startup
+
+    def let_go(self) -> None:
+        """Drop what this trial holds of the script's objects (its optimizer holds the model's parameters; a
+        sweep's switch and a probe hold the model): a warm process returns to rest after the report."""
+        self.optimizer = self.probe = self.switch = None
+
+    def _startup(self) -> float:
+        """Seconds from the runtime's start to the end of warm-up (0 before then)."""
+        warm = self.segments[0].warmup_steps if self.segments else self.warmup_steps
+        return self.step_ends[warm - 1] if len(self.step_ends) >= warm > 0 else 0.0
 
     def forward(self, inputs: Inputs | None = None) -> None:
         """One forward of the model being trained (the hooks call it), with what its inputs showed."""
@@ -370,8 +390,7 @@ class _Trial:
         if not self.request.tight or self.rank is not None or not self.step_seconds:
             return False
         spent = sum(self.step_seconds)
-        warm = self.segments[0].warmup_steps if self.segments else self.warmup_steps  # the process's start-up
-        startup = self.step_ends[warm - 1] if len(self.step_ends) >= warm else 0.0
+        startup = max(self._startup(), self.process_startup)  # the process's start-up
         if spent >= min(self.request.measure_share * startup, self.request.measure_cap):
             return False
         speed = median_interval([n / s for n, s in zip(self.step_samples, self.step_seconds, strict=True)])
@@ -428,6 +447,7 @@ class _Trial:
             own_checkpointing=self.own_checkpointing(),
             settled=f"{self.settled} after {self.steps} steps" if self.settled else None,
             segments=list(self.segments) if self.request.sweep else None,
+            rss_peak=_rss_high_water(),
         ).write(self.report_path)
 
     def own_checkpointing(self, counted: bool = True) -> str | None:

@@ -190,4 +190,5 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         "measured_seconds": result.measured_seconds,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),
         **({"placement": [p.to_dict() for p in result.placement]} if result.placement else {}),
+        **({"warm_run": result.warm_run} if result.warm_run else {}),
     }

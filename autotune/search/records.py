@@ -108,6 +108,7 @@ class TrialRecord:
     # (--max-seq-len: autotune.search.longest)
     measured_peak_bytes: int | None = None
     process: int | None = None  # a sweep's: the trial whose process measured it (the first plan's)
+    warm_run: int | None = None  # a warm process's: which of its configurations this was, from 1
 
     @classmethod
     def from_frozen(cls, trial: FrozenTrial) -> TrialRecord:
@@ -230,6 +231,7 @@ _ATTRS = (
     "settled",
     "startup_seconds",
     "measured_seconds",
+    "warm_run",
 )
 
 

@@ -69,7 +69,11 @@ class ResolvedJob:
             exhaustive=self.spec.exhaustive,
             sweep=self.spec.backend is Backend.TORCH
             and not self.spec.settings.phases  # a phase runs once, after the last plan: no plan's peak
-            and (self.spec.sweep if self.spec.sweep is not None else self.device.kind == "cuda"),
+            and (
+                self.spec.sweep
+                if self.spec.sweep is not None
+                else self.device.kind == "cuda" and not self.spec.warm  # warm trials measure a plan for less
+            ),
         )
 
     def result(
@@ -130,6 +134,7 @@ def resolve(
         TrialRunner(
             spec.command, spec.backend, device, make_meter(device, nvml), spec.settings,
             cache_dir(spec.cache_dir), environ, stop, limit.budget_bytes, shield, host_budget_of(spec.host_budget),
+            spec.warm, reporter.note,
         )
         if executor is None
         else executor.runner(device, limit.budget_bytes, stop, shield)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +21,7 @@ from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.trials.measurement import run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
+from autotune.trials.warm import TrialJob, WarmTrials, Watch
 
 
 class Runner(Protocol):
@@ -53,6 +54,9 @@ class Runner(Protocol):
     ) -> TrialResult: ...
 
     def check(self) -> None: ...
+
+    def close(self) -> None:
+        """The job's trials are over: end what the runner keeps between them (a warm process)."""
 
 
 class Executor(Protocol):
@@ -87,6 +91,19 @@ class TrialRunner:
     ceiling: int | None = None  # the budget: a trial passing it is stopped at once (not the probe's)
     shield: InterruptShield | None = None  # the tuner's Ctrl-C shield: trials run inside its allow()
     host_budget: int | None = None  # bytes of host memory a trial may hold (autotune.hardware.host)
+    # one process measures configuration after configuration where it can (autotune.trials.warm); ``say``
+    # tells the run why, once, where it cannot go on so
+    warm: bool = False
+    say: Callable[[str], None] | None = None
+    _warm: WarmTrials | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.warm:
+            job = TrialJob(
+                self.command, self.backend, self.device, self.meter, self.settings, self.root, self.environ,
+                self.ceiling, self.host_budget,
+            )  # fmt: skip
+            object.__setattr__(self, "_warm", WarmTrials(job, self.say))
 
     def __call__(
         self,
@@ -103,20 +120,28 @@ class TrialRunner:
     ) -> TrialResult:
         """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step); a probe
         also checks ``check_plans`` against no plan; ``sweep``: more plans measured after ``plan`` in the
-        same process (autotune.search.sweep), their results in the result's ``sweep``."""
+        same process (autotune.search.sweep), their results in the result's ``sweep``; without a probe,
+        a check or a sweep, in the runner's warm process where the configuration suits one."""
+        settings = settings or self.settings
+        interruptible = interruptible or (self.shield.allow if self.shield is not None else None)
+        if self._warm is not None:
+            if not (probe or check_plans or sweep) and self._warm.suits(plan, settings):
+                watch = Watch(poll, interruptible, self.stop)
+                return self._warm.run(batch, parse_backend_plan(plan, self.backend), grad_accum, watch)
+            self._warm.close()  # a fresh process measures this one: the device to itself
         return run_trial(
             self.command,
             batch,
             parse_backend_plan(plan, self.backend),
             self.device,
             self.meter,
-            settings or self.settings,
+            settings,
             self.root,
             self.environ,
             self.backend,
             on_poll=poll,
             probe=probe,
-            interruptible=interruptible or (self.shield.allow if self.shield is not None else None),
+            interruptible=interruptible,
             stop=self.stop,
             ceiling=None if probe else self.ceiling,
             grad_accum=grad_accum,
@@ -127,6 +152,10 @@ class TrialRunner:
 
     def check(self) -> None:
         check_between(self.shield, self.stop)
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
 
 
 def check_between(shield: InterruptShield | None, stop: threading.Event | None) -> None:

@@ -77,7 +77,10 @@ class TuneSpec:
     starts, less a margin (autotune.hardware.host.default_host_budget)."""
     sweep: bool | None = None
     """Measure the plans without a reading together, at one batch size, in one trial process
-    (autotune.search.sweep); None: on for GPU trials (start-up dominates them), off on the CPU."""
+    (autotune.search.sweep); None: on for GPU trials without ``warm`` (start-up dominates them), else off."""
+    warm: bool = True
+    """One trial process measures configuration after configuration, the script run again in it for each
+    (autotune.trials.warm); False: a process per trial."""
     executor: str = "local"
     """Where trials run: ``local`` (this machine, with helpers and workers) or ``ray`` (each trial placed
     on a Ray cluster: autotune.cluster). Not part of the job."""
@@ -178,6 +181,7 @@ class TuneSpec:
             "gpus_per_trial": self.gpus_per_trial,
             "max_seq_len": self.max_seq_len,
             "sweep": self.sweep,
+            "warm": self.warm,
         }
 
     @classmethod
@@ -210,6 +214,7 @@ class TuneSpec:
             gpus_per_trial=int(data.get("gpus_per_trial", 1)),
             max_seq_len=data.get("max_seq_len"),
             sweep=data.get("sweep"),
+            warm=bool(data.get("warm", True)),
         )
 
 

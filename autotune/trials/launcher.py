@@ -28,7 +28,7 @@ from autotune.core.errors import TrialError
 from autotune.core.faults import files_fault, unwritable
 from autotune.core.protocol import read_pinned, read_position, read_progress
 from autotune.hardware.host import HostWatch
-from autotune.hardware.meters import MemoryMeter, MemoryReading, Ranks
+from autotune.hardware.meters import MemoryMeter, MemoryReading, PhaseSource, Ranks
 from autotune.trials._shim import descendants
 from autotune.trials.interrupts import StopRequested, TrialInterrupted
 from autotune.trials.settle import Settle
@@ -99,47 +99,109 @@ def run_process(
         TrialInterrupted: Ctrl-C, after the trial has been stopped cleanly (a KeyboardInterrupt).
         StopRequested: ``stop`` was set; the trial has been stopped cleanly.
     """
-    started = time.monotonic()
-    shim = _start_shim(launch)
+    process = TrialProcess(launch, meter)
     timed_out: str | None = None
-    host = HostWatch(functools.partial(descendants, shim.pid), launch.host_budget)
-    first_step: list[float] = []
-    try:  # from here on, whatever happens (a Ctrl-C included) stops the shim: no trial outlives its tuner
-        meter.start(
-            functools.partial(descendants, shim.pid),
-            launch.ceiling,
-            launch.ranks,
-            functools.partial(read_position, launch.progress_path),
-        )
-        with interruptible() if interruptible is not None else nullcontext():
-            timed_out = _wait(shim, launch, started, on_poll, stop, meter, host, first_step)
-    except KeyboardInterrupt as e:
-        _stop(shim, launch.grace)
-        raise TrialInterrupted from e
-    except BaseException:
-        _stop(shim, launch.grace)
-        raise
+    try:
+        timed_out = process.wait(on_poll, interruptible, stop)
     finally:
-        wall = time.monotonic() - started
-        result = _read_result(launch.workdir / "shim.json", shim)
-        reading = meter.stop(result.get("maxrss_bytes", 0))
-    exit_info = ProcessExit(
-        exit_code=result["exit_code"],
-        signal=result["signal"],
-        main_maxrss_bytes=result["maxrss_bytes"],
-        wall_seconds=wall,
-        timed_out=timed_out,
-        # a launcher killed as autotune stopped its trial (a timeout, the host budget) was stopped, not killed
-        stopped=result["stopped"] or (result.get("launcher_killed", False) and timed_out is not None),
-        cpu_seconds=result.get("cpu_seconds"),
-        launcher_killed=result.get("launcher_killed", False),
-        host_peak_bytes=host.peak,
-        host_last_bytes=host.last,
-        pinned_bytes=read_pinned(launch.progress_path),
-        first_step_seconds=first_step[0] if first_step else None,
-        host_budget=launch.host_budget,
-    )
+        exit_info, reading = process.end(timed_out)
     return exit_info, reading
+
+
+class TrialProcess:
+    """One trial process, started through the shim and metered from its construction until ``end()``.
+    ``run_process`` waits for its end; a warm process (autotune.trials.warm) waits for one configuration at
+    a time, its meter filing samples where ``position()`` says the trial is (default: the launch's progress
+    file)."""
+
+    def __init__(self, launch: Launch, meter: MemoryMeter, position: PhaseSource | None = None) -> None:
+        self.launch = launch
+        self.meter = meter
+        self.started = time.monotonic()
+        self.shim = _start_shim(launch)
+        self.host = HostWatch(functools.partial(descendants, self.shim.pid), launch.host_budget)
+        self.first_step: float | None = None  # seconds from the launch to the end of its first step
+        try:  # from here on, whatever happens (a Ctrl-C included) stops the shim: no trial outlives its tuner
+            meter.start(
+                functools.partial(descendants, self.shim.pid),
+                launch.ceiling,
+                launch.ranks,
+                position or functools.partial(read_position, launch.progress_path),
+            )
+        except BaseException:
+            _stop(self.shim, launch.grace)
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self.shim.poll() is None
+
+    def wait(
+        self,
+        on_poll: Callable[[int, float], None] | None = None,
+        interruptible: Callable[[], AbstractContextManager[None]] | None = None,
+        stop: threading.Event | None = None,
+        stage: Stage | None = None,
+    ) -> str | None:
+        """Wait until the process ends, or ``stage.done()``; why autotune stopped it (run_process's
+        timeouts, the ceiling, the host budget, a rank), else None. ``stage``: the part of its life being
+        waited for (default: all of it, from the launch, as the launch's progress file counts its steps).
+
+        Raises:
+            TrialInterrupted, StopRequested: as run_process, the process stopped.
+        """
+        stage = stage or Stage(self.launch.progress_path, self.started, self.launch.settle)
+        try:
+            with interruptible() if interruptible is not None else nullcontext():
+                return _wait(self.shim, self.launch, stage, on_poll, stop, self.meter, self.host)
+        except KeyboardInterrupt as e:
+            _stop(self.shim, self.launch.grace)
+            raise TrialInterrupted from e
+        except BaseException:
+            _stop(self.shim, self.launch.grace)
+            raise
+        finally:
+            if self.first_step is None and stage.first_step is not None:
+                self.first_step = stage.first_step + stage.since - self.started
+
+    def stop(self) -> None:
+        """Ask the trial to stop (SIGTERM, grace, SIGKILL), and wait for its launcher to end."""
+        _stop(self.shim, self.launch.grace)
+
+    def end(self, timed_out: str | None) -> tuple[ProcessExit, MemoryReading]:
+        """Once the process has ended (or been stopped): how, and the meter's reading (the meter stops)."""
+        wall = time.monotonic() - self.started
+        result = _read_result(self.launch.workdir / "shim.json", self.shim)
+        reading = self.meter.stop(result.get("maxrss_bytes", 0))
+        exit_info = ProcessExit(
+            exit_code=result["exit_code"],
+            signal=result["signal"],
+            main_maxrss_bytes=result["maxrss_bytes"],
+            wall_seconds=wall,
+            timed_out=timed_out,
+            # a launcher killed as autotune stopped its trial (a timeout, the host budget) was stopped, not killed
+            stopped=result["stopped"] or (result.get("launcher_killed", False) and timed_out is not None),
+            cpu_seconds=result.get("cpu_seconds"),
+            launcher_killed=result.get("launcher_killed", False),
+            host_peak_bytes=self.host.peak,
+            host_last_bytes=self.host.last,
+            pinned_bytes=read_pinned(self.launch.progress_path),
+            first_step_seconds=self.first_step,
+            host_budget=self.launch.host_budget,
+        )
+        return exit_info, reading
+
+
+@dataclass
+class Stage:
+    """A part of a trial process's life that the tuner waits for: from ``since`` (time.monotonic()), its
+    steps counted in ``progress_path``, over once ``done()`` (None: when the process ends)."""
+
+    progress_path: Path
+    since: float
+    settle: Settle | None = None
+    done: Callable[[], bool] | None = None
+    first_step: float | None = None  # seconds from ``since`` to the end of its first step
 
 
 def _start_shim(launch: Launch) -> subprocess.Popen[bytes]:
@@ -194,15 +256,14 @@ def _stop_signals_blocked() -> Iterator[None]:
 def _wait(
     shim: subprocess.Popen[bytes],
     launch: Launch,
-    started: float,
+    stage: Stage,
     on_poll: Callable[[int, float], None] | None,
     stop: threading.Event | None,
     meter: MemoryMeter,
     host: HostWatch,
-    first_step: list[float],
 ) -> str | None:
-    """Wait for the trial to end, stopping it where it must; ``first_step`` gets the seconds from its start to
-    the end of its first step."""
+    """Wait for the trial (``stage`` of it) to end, stopping it where it must; ``stage.first_step`` gets
+    the seconds from the stage's start to the end of its first step."""
     while shim.poll() is None:
         if stop is not None and stop.is_set():
             raise StopRequested
@@ -215,15 +276,17 @@ def _wait(
         if launch.ended is not None and launch.ended():
             _kill(shim)
             return "rank"
-        elapsed = time.monotonic() - started
-        steps = read_progress(launch.progress_path)
-        if steps and not first_step:
-            first_step.append(elapsed)
+        elapsed = time.monotonic() - stage.since
+        steps = read_progress(stage.progress_path)
+        if steps and stage.first_step is None:
+            stage.first_step = elapsed
         meter.at_step(steps)
-        if launch.settle is not None:
-            launch.settle.watch(steps, meter.peaks_by_step(), time.monotonic() - started)
+        if stage.settle is not None:
+            stage.settle.watch(steps, meter.peaks_by_step(), elapsed)
         if on_poll is not None:
             on_poll(steps, elapsed)
+        if stage.done is not None and stage.done():
+            return None
         reason = "startup" if steps == 0 and elapsed > launch.startup_timeout else None
         reason = "run" if elapsed > launch.timeout else reason
         if reason:

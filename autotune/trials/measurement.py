@@ -190,14 +190,14 @@ def run_trial(
     check_trial_sizes(batch_size, grad_accum)
     with writing_trial_files(root / "trials"):
         workdir = new_trial_dir(root)
-        request = _request(
+        request = trial_request(
             workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans, sweep
         )
         request.write(workdir / "request.json")
     watch = RankWatch(workdir / "progress.json")
     launch = Launch(
         argv=tuple(command.argv(batch_size, grad_accum)),
-        env=command.env(_trial_env(request, workdir, device, environ, command, backend, root)),
+        env=command.env(trial_env(request, workdir, device, environ, command, backend, root)),
         workdir=workdir,
         progress_path=Path(request.progress_path),
         startup_timeout=settings.startup_timeout,
@@ -226,7 +226,7 @@ def run_trial(
     report = (
         merge_reports(reports, started, node_ranks)
         if reports or started
-        else _read_report(Path(request.report_path))
+        else read_report(Path(request.report_path))
     )
     host_read = reading.peak_bytes if reading.method in HOST_METHODS else None
     outcome, error = classify(exit_info, report, settings, host_read)
@@ -238,7 +238,7 @@ def run_trial(
         error = "\n".join(filter(None, [error, tail(workdir / "stderr.log")]))
     ranks = _rank_results(reading, reports, exit_info, ceiling)
     result = dataclasses.replace(
-        _result(outcome, error, request, device, reading, exit_info, report, workdir, ranks), load=load
+        trial_result(outcome, error, request, device, reading, exit_info, report, workdir, ranks), load=load
     )
     if request.sweep and report is not None and report.segments:
         return _swept(result, report.segments, request, reading)
@@ -335,7 +335,7 @@ def _rank_results(
     )
 
 
-def _request(
+def trial_request(
     workdir: Path,
     batch_size: int,
     plan: AnyPlan,
@@ -368,7 +368,7 @@ def _request(
     )
 
 
-def _trial_env(
+def trial_env(
     request: TrialRequest,
     workdir: Path,
     device: Device,
@@ -406,14 +406,14 @@ def _trial_env(
     return env
 
 
-def _read_report(path: Path) -> TrialReport | None:
+def read_report(path: Path) -> TrialReport | None:
     try:
         return TrialReport.read(path)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _result(
+def trial_result(
     outcome: Outcome,
     error: str | None,
     request: TrialRequest,

@@ -84,6 +84,9 @@ class TrialResult:
     startup_seconds: float | None = None
     measured_seconds: float | None = None
     placement: tuple[Placement, ...] = ()  # where it ran, on a cluster: each node's share (autotune.cluster)
+    # a warm process's (autotune.trials.warm): which of the configurations its process measured this one
+    # was, from 1 (None: a process of its own)
+    warm_run: int | None = None
     # a sweep (several plans in one process, TrialRequest.sweep): the later plans' results, each a trial of
     # its own; this result is the first plan's
     sweep: tuple[TrialResult, ...] = ()

@@ -42,6 +42,12 @@ class JobWork:
         self.search: Search | None = None
         self.trials = 0  # trials this thread measured for the job (probe and verifications included)
 
+    def close(self) -> None:
+        """End what the job's runner keeps between trials (its warm process): the job is done or dropped, or
+        another job's trial runs on this device next."""
+        if self.search is not None:
+            self.search.runner.close()
+
     def step(self) -> Step:
         """One unit of work on this job: a probe, a trial, or a verification.
 

@@ -122,6 +122,8 @@ def _tune_on(
             with contextlib.suppress(StorageError):
                 job.store.set_job_state(name, JobState.OPEN, f"interrupted: {e}")
             raise
+        finally:
+            job.runner.close()  # its warm process
     return job.result(best, study, search.trials_run + job.probes_run, stopped)
 
 

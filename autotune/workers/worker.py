@@ -184,7 +184,7 @@ class Worker:
                     return
                 open_names = {j.study_name for j in jobs}
                 for name in [n for n in works if n not in open_names]:
-                    del works[name]  # done or failed elsewhere: its study cache goes with it
+                    _drop(works, name)  # done or failed elsewhere: its study cache goes with it
                 step = self._work_on(jobs, works, device, reporter)
                 if step in (Step.RAN, Step.MISSED):
                     continue
@@ -194,6 +194,9 @@ class Worker:
         except BaseException as e:
             self._errors.append(e)
             self.stop.set()
+        finally:
+            for name in list(works):
+                _drop(works, name)
 
     def _work_on(
         self, jobs: list[JobRow], works: dict[str, JobWork], device: str, reporter: LineReporter
@@ -203,7 +206,9 @@ class Worker:
             name = job.study_name
             step = self._step(works, job, device, reporter)
             if step is Step.FINISHED:
-                del works[name]  # a long-lived worker keeps only its open jobs' state (Optuna's study cache)
+                _drop(
+                    works, name
+                )  # a long-lived worker keeps only its open jobs' state (Optuna's study cache)
                 self._ran_to_its_end(job)
                 self.store.set_job_state(name, JobState.DONE)
                 with self._lock:
@@ -240,10 +245,13 @@ class Worker:
                     self.nvml,
                 )
             work = works[name]
+            for other, elsewhere in works.items():
+                if other != name:
+                    elsewhere.close()  # one job's warm process on a device at a time
             before = work.trials
             step = work.step()
         except JobRefused as e:
-            works.pop(name, None)
+            _drop(works, name)
             with self._lock:
                 self.summary.refused[name] = str(e)
             reporter.note(f"refused: {e}")
@@ -290,7 +298,7 @@ class Worker:
         worker serves the next job."""
         name = job.study_name
         self._ran_to_its_end(job)
-        works.pop(name, None)
+        _drop(works, name)
         self.store.set_job_state(name, JobState.FAILED, why)
         with self._lock:
             self.summary.jobs_failed.append(name)
@@ -304,3 +312,10 @@ class Worker:
                 self.store.set_job_state(
                     name, JobState.OPEN, f"interrupted: {fault}", only_from=(JobState.RUNNING,)
                 )
+
+
+def _drop(works: dict[str, JobWork], name: str) -> None:
+    """Forget a job's state on this device, its warm process ended."""
+    work = works.pop(name, None)
+    if work is not None:
+        work.close()

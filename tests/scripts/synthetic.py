@@ -137,6 +137,25 @@ def main() -> None:
     p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
     p.add_argument("--oom-plan", default=None, help="raise MemoryError at the first step with this plan")
     p.add_argument(
+        "--oom-above",
+        type=int,
+        default=None,
+        help="above this batch size, ask the allocator for more than any machine has at step 1: a real "
+        "MemoryError, the process left as it was",
+    )
+    p.add_argument(
+        "--leak-mib",
+        type=float,
+        default=0,
+        help="keep this much more in a module every run of the script in one process (a library's cache that "
+        "holds what the script made)",
+    )
+    p.add_argument(
+        "--once-per-process",
+        action="store_true",
+        help="fail when run a second time in one process (a process group initialised at import)",
+    )
+    p.add_argument(
         "--kill-launcher-above",
         type=int,
         default=None,
@@ -182,6 +201,12 @@ def main() -> None:
     if args.env_file:
         with open(args.env_file, "w") as f:
             f.write("\n".join(sorted(os.environ)) + "\n")
+    if args.leak_mib:
+        json.__dict__.setdefault("_synthetic_leak", []).append(touched(args.leak_mib))
+    if args.once_per_process:
+        if json.__dict__.get("_synthetic_ran"):
+            raise RuntimeError("trying to initialize the default process group twice!")
+        json.__dict__["_synthetic_ran"] = True
     batch = autotune.batch_size(default=1)
     plan = os.environ.get("AUTOTUNE_PLAN", "none")
     reading = count_reading(args.state_dir, batch, plan)
@@ -214,6 +239,8 @@ def main() -> None:
             grown.append(touched(args.grow_mib))
         if step == args.crash_at and batch > args.crash_above:
             raise ValueError(args.crash_message or f"synthetic crash at step {step}")
+        if step == 1 and args.oom_above is not None and batch > args.oom_above:
+            bytearray(2**62)  # MemoryError: no allocator gives 4 EiB
         if step == args.oom_at:
             raise MemoryError(f"synthetic allocation failure at step {step}")
         if args.hang_rank is not None and rank == args.hang_rank and step == args.hang_at:

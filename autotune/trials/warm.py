@@ -1,0 +1,411 @@
+"""Warm trial processes (issue 41): one process measures one configuration after another.
+
+A fresh trial process spends most of its life starting (on an H200, 12-24 s of imports, model building, the
+CUDA context and warm-up for 0.4-3.8 s of measured steps); Accelerate's finder answers faster because it never
+leaves its process. A warm process starts once: after each configuration the runtime collects the script's
+objects and waits at rest (autotune.runtime.warm), and the next configuration runs the script again in it.
+
+The protocol, in the trial's folder: the tuner writes ``request-K.json`` and then ``next-K.json`` (the
+request's path and the command line after the harness; for K = 1 the process is started with the request);
+the runtime writes ``progress-K.json`` and ``report-K.json`` as any trial does, then returns to rest and
+writes ``rest-K.json``. The tuner ends the process with a ``next`` message that names no request.
+
+What each configuration measures is what its own process would have:
+- its steps, warm-up and throughput are its own (the trial object starts over);
+- its peak is the meter's samples from the message to its rest, filed apart from the others'
+  (``MemoryMeter.split``): on a GPU the whole device's use above the level before the process started, CUDA
+  context included, as a fresh trial's; on the CPU also never below the process's resident high-water mark
+  since its return to rest (``/proc/self/clear_refs``), which starts at what the process holds at rest:
+  torch's libraries and what they keep, which a fresh process of the same script holds at its peak too.
+
+Warm only while it is honest (``WarmTrials``): a process takes the next configuration only if it came back to
+the memory it had at rest after its first one (within REST_SLACK); a script that fails on a later run in one
+process is run again in a fresh one, and if that one does not fail, the script cannot run twice in a process
+(a process group initialised at import, a module-level side effect): trials run one process each from then on,
+and the run says why, once. A leak turns warm trials off the same way. An out-of-memory error raised in the
+process is its configuration's outcome ``oom``, and the process goes on; one the meter or the kernel stops
+(over the budget, killed) ends it, and the next configuration starts a new one. Not warm: the probe, a sweep,
+a verification (the winner is verified in a process of its own), phases (--with-eval, --with-save), compile
+plans, ORT, plans per rank and any command whose Python the harness does not run (torchrun, a shell
+wrapper).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.backends import AnyPlan
+from autotune.core.batches import check_trial_sizes
+from autotune.core.errors import TrialError
+from autotune.core.faults import writing_trial_files
+from autotune.core.paths import new_trial_dir
+from autotune.core.plans import Backend, parse_plan
+from autotune.core.protocol import (
+    EXIT_COMPLETE,
+    EXIT_FAILED,
+    EXIT_OOM,
+    REQUEST_ENV,
+    Outcome,
+    Rest,
+    TrialReport,
+    TrialRequest,
+    WarmMessage,
+    read_pinned,
+    read_position,
+    warm_file,
+)
+from autotune.hardware.devices import Device
+from autotune.hardware.host import default_host_budget, mib
+from autotune.hardware.load import LoadSnapshot
+from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading
+from autotune.trials.command import TrialCommand
+from autotune.trials.launcher import Launch, ProcessExit, Stage, TrialProcess, tail
+from autotune.trials.measurement import read_report, trial_env, trial_request, trial_result
+from autotune.trials.result import TrialResult, classify
+from autotune.trials.settings import TrialSettings
+
+HARNESS = "autotune.runtime.harness"
+# How far above its first rest a warm process may come back and still take a configuration: what torch and
+# the allocator keep between runs (3 MiB a run on examples/mlp.py) is well inside; a leak of the model is not.
+REST_SLACK_BYTES = 32 * 2**20
+REST_SLACK_SHARE = 0.05
+END_SECONDS = 10.0  # a warm process told to end has this long before it is stopped
+_EXIT = {Outcome.COMPLETE: EXIT_COMPLETE, Outcome.OOM: EXIT_OOM}
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How the tuner waits for a configuration (see autotune.trials.launcher.run_process): ``on_poll(steps,
+    elapsed)`` as it runs, ``interruptible()`` around the wait, ``stop`` set to stop it from another thread."""
+
+    on_poll: Callable[[int, float], None] | None = None
+    interruptible: Callable[[], AbstractContextManager[None]] | None = None
+    stop: threading.Event | None = None
+
+
+NO_WATCH = Watch()
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """What every trial of a runner shares: the command, where it runs and how it is measured."""
+
+    command: TrialCommand
+    backend: Backend
+    device: Device
+    meter: MemoryMeter
+    settings: TrialSettings
+    root: Path
+    environ: Mapping[str, str]
+    ceiling: int | None = None
+    host_budget: int | None = None
+
+
+def split_harness(argv: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """A trial's command line as the interpreter's part (up to the harness) and the script's (after it);
+    None where the harness does not run the script (a launcher, a shell wrapper)."""
+    for i in range(len(argv) - 1):
+        if argv[i] == "-m" and argv[i + 1] == HARNESS:
+            return tuple(argv[: i + 2]), tuple(argv[i + 2 :])
+    return None
+
+
+class WarmProcess:
+    """One trial process measuring configurations in turn (see the module docstring)."""
+
+    def __init__(self, job: TrialJob) -> None:
+        self.job = job
+        self.process: TrialProcess | None = None
+        self.folder: Path | None = None
+        self.prefix: tuple[str, ...] = ()
+        self.runs = 0
+        self.rest_reference: int | None = None  # bytes at rest after its first configuration
+        self.grown: str | None = None  # why it may take no more: its memory at rest grew
+        self._progress = Path()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive
+
+    def takes(self, argv: list[str]) -> bool:
+        """Whether the process can run a configuration with command line ``argv`` next."""
+        parts = split_harness(argv)
+        return self.alive and self.grown is None and parts is not None and parts[0] == self.prefix
+
+    def measure(
+        self,
+        batch: int,
+        plan: AnyPlan,
+        grad_accum: int | None = None,
+        watch: Watch = NO_WATCH,
+    ) -> TrialResult:
+        """The next configuration, in this process (started now if it is not yet).
+
+        Raises:
+            InputError: ``batch`` or ``grad_accum`` is not a whole number >= 1.
+            TrialInterrupted, StopRequested: as run_trial; the process is stopped.
+        """
+        check_trial_sizes(batch, grad_accum)
+        job = self.job
+        argv = job.command.argv(batch, grad_accum)
+        parts = split_harness(argv)
+        if parts is None:
+            raise TrialError(f"a warm trial needs the harness in its command line: {argv}")
+        run = self.runs + 1
+        with writing_trial_files(job.root / "trials"):
+            if self.folder is None:
+                self.folder = new_trial_dir(job.root)
+            request = self._request(run, batch, plan, grad_accum)
+        before = LoadSnapshot.now()
+        since = time.monotonic()
+        if self.process is None:
+            self.process = TrialProcess(self._launch(argv, request, run), job.meter, self._position)
+            self.prefix = parts[0]
+        else:
+            job.meter.split()  # its samples at rest are no configuration's
+            WarmMessage(str(warm_file(self.folder, "request", run)), parts[1]).write(
+                warm_file(self.folder, "next", run)
+            )
+        self.runs = run
+        folder = self.folder
+        stage = Stage(self._progress, since, done=lambda: warm_file(folder, "rest", run).exists())
+        try:
+            timed_out = self.process.wait(watch.on_poll, watch.interruptible, watch.stop, stage)
+        except BaseException:
+            self._end(None)
+            raise
+        result = self._result(request, run, timed_out, stage, since)
+        return dataclasses.replace(result, load=before.until(LoadSnapshot.now()), warm_run=run)
+
+    def close(self) -> None:
+        """End the process: told to end, stopped if it does not within END_SECONDS."""
+        if self.process is None or self.folder is None:
+            return
+        if self.process.alive:
+            with contextlib.suppress(OSError):  # a folder it cannot write: stopped below
+                WarmMessage().write(warm_file(self.folder, "next", self.runs + 1))
+            deadline = time.monotonic() + END_SECONDS
+            while self.process.alive and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self.process.alive:
+                self.process.stop()
+        self._end(None)
+
+    def _end(self, timed_out: str | None) -> tuple[ProcessExit, MemoryReading] | None:
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.alive:
+            process.stop()
+        with contextlib.suppress(TrialError):  # a launcher that left no result: nothing more to learn
+            return process.end(timed_out)
+        return None
+
+    def _request(self, run: int, batch: int, plan: AnyPlan, grad_accum: int | None) -> TrialRequest:
+        job, folder = self.job, self.folder
+        assert folder is not None
+        request = dataclasses.replace(
+            trial_request(folder, batch, plan, job.backend, job.device, job.settings, False, grad_accum),
+            report_path=str(warm_file(folder, "report", run)),
+            progress_path=str(warm_file(folder, "progress", run)),
+            warm=True,
+        )
+        request.write(warm_file(folder, "request", run))
+        self._progress = Path(request.progress_path)
+        return request
+
+    def _launch(self, argv: list[str], request: TrialRequest, run: int) -> Launch:
+        job, folder = self.job, self.folder
+        assert folder is not None
+        env = trial_env(request, folder, job.device, job.environ, job.command, job.backend, job.root)
+        env[REQUEST_ENV] = str(warm_file(folder, "request", run))
+        return Launch(
+            argv=tuple(argv),
+            env=job.command.env(env),
+            workdir=folder,
+            progress_path=Path(request.progress_path),
+            startup_timeout=job.settings.startup_timeout,
+            timeout=job.settings.timeout,
+            grace=job.settings.grace,
+            cwd=Path(job.command.cwd) if job.command.cwd else None,
+            ceiling=job.ceiling,
+            host_budget=job.host_budget if job.host_budget is not None else default_host_budget(),
+            log_limit=job.settings.log_limit,
+        )
+
+    def _position(self) -> tuple[int, str | None]:
+        """Where the configuration being measured is (the meter files each sample under it)."""
+        return read_position(self._progress)
+
+    def _result(
+        self, request: TrialRequest, run: int, timed_out: str | None, stage: Stage, since: float
+    ) -> TrialResult:
+        """The configuration's result: from its report and its own samples while the process lives on;
+        as a fresh trial's from how the process ended where it did not (its first configuration: the whole
+        reading; a later one: the samples since its message)."""
+        assert self.process is not None and self.folder is not None
+        job, folder = self.job, self.folder
+        report = read_report(Path(request.report_path))
+        if timed_out is None and self.process.alive and report is not None:
+            exit_info, reading = self._at_rest(report, stage, since, run)
+        else:
+            ended = self._end(timed_out)
+            if ended is None:
+                raise TrialError(f"the warm trial process left no result ({folder})")
+            exit_info, reading = ended
+            if run > 1:  # the process's own peak is its earlier configurations' too
+                reading = dataclasses.replace(reading, peak_bytes=0, note=reading.note)
+        host_read = reading.peak_bytes if reading.method in HOST_METHODS else None
+        outcome, error = classify(exit_info, report, job.settings, host_read)
+        if outcome is Outcome.FAILED:
+            error = "\n".join(filter(None, [error, tail(folder / "stderr.log")]))
+        return trial_result(outcome, error, request, job.device, reading, exit_info, report, folder)
+
+    def _at_rest(
+        self, report: TrialReport, stage: Stage, since: float, run: int
+    ) -> tuple[ProcessExit, MemoryReading]:
+        """A configuration the process lived through: how it ended (as its exit status would say) and its
+        own samples; the process's rest is checked against its first."""
+        assert self.process is not None and self.folder is not None
+        meter = self.job.meter
+        by_step, by_phase = meter.split()
+        method = meter.method
+        exact = report.rss_peak or 0 if method in HOST_METHODS else 0
+        reading = MemoryReading(exact, method, meter.samples, 1, by_step=by_step, by_phase=by_phase)
+        self._check_rest(Rest.read(warm_file(self.folder, "rest", run)), method)
+        exit_info = ProcessExit(
+            exit_code=_EXIT.get(report.outcome, EXIT_FAILED),
+            signal=None,
+            main_maxrss_bytes=exact,
+            wall_seconds=time.monotonic() - since,
+            timed_out=None,
+            stopped=False,
+            host_peak_bytes=self.process.host.peak,
+            host_last_bytes=self.process.host.last,
+            pinned_bytes=read_pinned(self._progress),
+            first_step_seconds=stage.first_step,
+            host_budget=self.process.launch.host_budget,
+        )
+        return exit_info, reading
+
+    def _check_rest(self, rest: Rest, method: str) -> None:
+        """The memory it holds at rest now against its first rest: grown past REST_SLACK, it takes no more."""
+        if method in HOST_METHODS:
+            now = rest.rss_bytes
+        else:
+            time.sleep(0.05)  # a few of the meter's samples at rest
+            now = self.job.meter.current()
+        if self.rest_reference is None:
+            self.rest_reference = now
+            return
+        grown = now - self.rest_reference
+        if grown > max(REST_SLACK_BYTES, REST_SLACK_SHARE * self.rest_reference):
+            self.grown = (
+                f"its memory at rest grew by {mib(grown)} over {self.runs} configurations (a leak, or a "
+                "library holding the script's objects)"
+            )
+
+
+class WarmTrials:
+    """A runner's warm process, and the rules for using it (see the module docstring): ``say`` tells the run
+    once why its trials run one process each from then on."""
+
+    def __init__(self, job: TrialJob, say: Callable[[str], None] | None = None) -> None:
+        self.job = job
+        self.say = say or (lambda text: None)
+        self.process: WarmProcess | None = None
+        self.off: str | None = None  # why trials run one process each from now on
+
+    def suits(self, plan: str, settings: TrialSettings) -> bool:
+        """Whether a configuration with ``plan`` under ``settings`` may run warm (see the module docstring)."""
+        parsed = parse_plan(plan) if self.job.backend is Backend.TORCH else None
+        return (
+            self.off is None
+            and parsed is not None
+            and not parsed.compiles
+            and not parsed.ranks
+            and not settings.phases
+            and not settings.settle_steps
+            and not self.job.command.launcher
+            and split_harness(self.job.command.argv(1)) is not None
+        )
+
+    def run(
+        self,
+        batch: int,
+        plan: AnyPlan,
+        grad_accum: int | None = None,
+        watch: Watch = NO_WATCH,
+    ) -> TrialResult:
+        """Measure the configuration in the warm process (a new one where there is none that can take it)."""
+        if self.process is not None and not self.process.takes(self.job.command.argv(batch, grad_accum)):
+            self.close()
+        if self.process is None:
+            self.process = WarmProcess(self.job)
+        result = self.process.measure(batch, plan, grad_accum, watch)
+        if result.outcome is Outcome.FAILED and (result.warm_run or 1) > 1:
+            return self._again_fresh(result, batch, plan, grad_accum, watch)
+        if self.process.grown is not None:
+            # what the process held at rest before it (the last run's leak) is in this reading too
+            self._turn_off(f"{self._script()}: {self.process.grown}")
+            return self._alone(batch, plan, grad_accum, watch)
+        if not self.process.alive:
+            self.close()
+        return result
+
+    def close(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.close()
+
+    def _again_fresh(
+        self,
+        failed: TrialResult,
+        batch: int,
+        plan: AnyPlan,
+        grad_accum: int | None,
+        watch: Watch,
+    ) -> TrialResult:
+        """A configuration that failed on a later run of the script in one process, measured again in a
+        fresh one: if it does not fail there, the script cannot run twice in one process."""
+        self.close()
+        self.process = WarmProcess(self.job)
+        fresh = self.process.measure(batch, plan, grad_accum, watch)
+        if fresh.outcome is not Outcome.FAILED:
+            line = (failed.error or "").strip().splitlines()
+            self._turn_off(
+                f"{self._script()} failed on its run {failed.warm_run} in one process "
+                f"({line[0] if line else 'no error'}) and not in a fresh one"
+            )
+        elif not self.process.alive:
+            self.close()
+        return fresh
+
+    def _alone(
+        self,
+        batch: int,
+        plan: AnyPlan,
+        grad_accum: int | None,
+        watch: Watch,
+    ) -> TrialResult:
+        """The configuration measured again in a process of its own, ended after it."""
+        alone = WarmProcess(self.job)
+        try:
+            return dataclasses.replace(alone.measure(batch, plan, grad_accum, watch), warm_run=None)
+        finally:
+            alone.close()
+
+    def _script(self) -> str:
+        return self.job.command.script_path() or str(self.job.command)
+
+    def _turn_off(self, why: str) -> None:
+        self.off = why
+        self.close()
+        self.say(f"trials run one process each from now on: {why}")

@@ -1,0 +1,200 @@
+"""Warm trial processes (issue 41: autotune.trials.warm, autotune.runtime.warm): one process measures one
+configuration after another, each reading what a process of its own reads; a script that leaks, one that
+cannot run twice in a process, and an out-of-memory error raised in the process are each handled as the
+module says. Real processes, real RSS."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.core.plans import Backend, parse_plan
+from autotune.core.protocol import Outcome
+from autotune.hardware.devices import cpu_device
+from autotune.hardware.meters import RssMeter
+from autotune.search.runner import TrialRunner
+from autotune.trials.command import TrialCommand
+from autotune.trials.measurement import run_trial
+from autotune.trials.result import TrialResult
+from autotune.trials.settings import TrialSettings
+from autotune.trials.warm import TrialJob, WarmProcess
+
+from conftest import ROOT, SYNTHETIC
+
+MiB = 2**20
+SETTINGS = TrialSettings(1, 3, 120, 300, tight=0)  # a fixed count of steps: peaks are what is compared
+ENVIRON = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed buffers leave the resident set at once
+GPT = ["--n-layer", "4", "--n-embd", "128", "--block-size", "64"]
+
+
+def _job(cache: Path, words: list[str]) -> TrialJob:
+    return TrialJob(
+        TrialCommand.parse(words), Backend.TORCH, cpu_device(), RssMeter(), SETTINGS, cache, ENVIRON
+    )
+
+
+def _alone(cache: Path, words: list[str], batch: int, plan: str) -> TrialResult:
+    """The configuration in a process of its own, as every trial ran before warm processes."""
+    result = run_trial(
+        TrialCommand.parse(words), batch, parse_plan(plan), cpu_device(), RssMeter(), SETTINGS, cache, ENVIRON
+    )
+    assert result.outcome is Outcome.COMPLETE, result.error
+    return result
+
+
+def _runner(cache: Path, words: list[str], said: list[str]) -> TrialRunner:
+    return TrialRunner(
+        TrialCommand.parse(words), Backend.TORCH, cpu_device(), RssMeter(), SETTINGS, cache, ENVIRON,
+        warm=True, say=said.append,
+    )  # fmt: skip
+
+
+def _one_runner(
+    cache: Path, words: list[str], batches: tuple[int, ...]
+) -> tuple[list[TrialResult], list[str]]:
+    """Each batch size with no plan through one warm runner, as a search calls it; what the run was told."""
+    said: list[str] = []
+    runner = _runner(cache, words, said)
+    try:
+        return [runner(batch, "none") for batch in batches], said
+    finally:
+        runner.close()
+
+
+def test_one_process_reads_three_batch_sizes_and_two_plans_as_processes_of_their_own(tmp_path: Path) -> None:
+    """The synthetic script (no torch: it holds 20 MiB and 8 MiB a sample, half of that under plan A:1) run
+    five times in one process: each configuration's peak is its own process's within 2 MiB (the meter's
+    noise between two fresh processes of one configuration is about 1 MiB), each with its own steps."""
+    words = [str(SYNTHETIC), "--base-mib", "20", "--per-sample-mib", "8", "--plan-effects", "A=0.5:0",
+             "--step-seconds", "0.02"]  # fmt: skip
+    pids = tmp_path / "pids"
+    configurations = [(4, "none"), (16, "none"), (8, "none"), (16, "A:1"), (8, "A:1")]
+    warm = WarmProcess(_job(tmp_path, [*words, "--pid-file", str(pids)]))
+    try:
+        readings = [warm.measure(batch, parse_plan(plan)) for batch, plan in configurations]
+    finally:
+        warm.close()
+    assert [r.outcome for r in readings] == [Outcome.COMPLETE] * 5, [r.error for r in readings]
+    assert [(r.batch_size, r.plan) for r in readings] == configurations
+    assert [r.warm_run for r in readings] == [1, 2, 3, 4, 5]
+    assert len(set(pids.read_text().split())) == 1  # one process ran the script five times
+    assert len(pids.read_text().split()) == 5
+    assert all(len(r.step_seconds) == 3 and r.samples_per_sec for r in readings)
+    assert not warm.alive
+    for reading in readings:
+        alone = _alone(tmp_path, words, reading.batch_size, reading.plan)
+        assert reading.peak_bytes == pytest.approx(alone.peak_bytes, abs=2 * MiB), reading
+    assert readings[1].peak_bytes - readings[0].peak_bytes == pytest.approx(12 * 8 * MiB, abs=2 * MiB)
+
+
+@pytest.mark.slow
+def test_a_torch_model_reads_each_batch_and_plan_as_its_own_process_does(tmp_path: Path) -> None:
+    """examples/gpt.py (4 blocks): batch 4 and 16 with no plan, then Block:1 at 16, in one process (the
+    model built again for each, its plan applied as asked): each peak within 5% of a process of its own
+    (two fresh processes of one configuration differ by up to ~3% here), recompute saving at 16."""
+    words = [str(ROOT / "examples" / "gpt.py"), *GPT]
+    warm = WarmProcess(_job(tmp_path, words))
+    configurations = [(4, "none"), (16, "none"), (16, "Block:1")]
+    try:
+        readings = [warm.measure(batch, parse_plan(plan)) for batch, plan in configurations]
+    finally:
+        warm.close()
+    assert [r.outcome for r in readings] == [Outcome.COMPLETE] * 3, [r.error for r in readings]
+    assert [(r.batch_size, r.plan) for r in readings] == configurations
+    assert {r.log_dir for r in readings} == {readings[0].log_dir}
+    first = readings[0].startup_seconds
+    assert first is not None and all((r.startup_seconds or first) < first for r in readings[1:])  # no imports
+    for reading in readings:
+        alone = _alone(tmp_path, words, reading.batch_size, reading.plan)
+        assert abs(reading.peak_bytes - alone.peak_bytes) <= 0.05 * alone.peak_bytes, (
+            reading.plan,
+            reading.batch_size,
+        )
+    assert readings[2].peak_bytes < readings[1].peak_bytes
+
+
+def test_an_out_of_memory_error_in_the_process_is_followed_by_a_smaller_batch_in_it(tmp_path: Path) -> None:
+    """Batch 32 asks the allocator for more than any machine has (a real MemoryError): outcome oom; the
+    process is back at rest and measures batch 8 next, as a process of its own would."""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "4", "--oom-above", "16",
+             "--step-seconds", "0.02"]  # fmt: skip
+    warm = WarmProcess(_job(tmp_path, words))
+    try:
+        big = warm.measure(32, parse_plan("none"))
+        assert warm.alive
+        small = warm.measure(8, parse_plan("none"))
+    finally:
+        warm.close()
+    assert big.outcome is Outcome.OOM and "MemoryError" in (big.error or "")
+    assert small.outcome is Outcome.COMPLETE and (big.warm_run, small.warm_run) == (1, 2)
+    assert small.log_dir == big.log_dir
+    assert small.peak_bytes == pytest.approx(_alone(tmp_path, words, 8, "none").peak_bytes, abs=2 * MiB)
+
+
+def test_a_leaking_script_is_measured_in_processes_of_its_own(tmp_path: Path) -> None:
+    """Each run of the script keeps 48 MiB more in a module: after its second configuration the process is
+    not back at its first rest; that configuration (its reading holds the first run's leak) is measured
+    again in a process of its own, and so is every later one, the run told once."""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--leak-mib", "48",
+             "--step-seconds", "0.02"]  # fmt: skip
+    (first, second, third), said = _one_runner(tmp_path, words, (2, 4, 8))
+    assert [r.outcome for r in (first, second, third)] == [Outcome.COMPLETE] * 3
+    assert (first.warm_run, second.warm_run, third.warm_run) == (1, None, None)
+    assert len({first.log_dir, second.log_dir, third.log_dir}) == 3
+    assert len(said) == 1 and re.fullmatch(
+        rf"trials run one process each from now on: {re.escape(str(SYNTHETIC))}: its memory at rest grew "
+        r"by 4[789] MiB over 2 configurations \(a leak, or a library holding the script's objects\)",
+        said[0],
+    ), said
+    leak_once = _alone(tmp_path, words, 4, "none").peak_bytes
+    assert second.peak_bytes == pytest.approx(leak_once, abs=2 * MiB)  # one leak, as in its own process
+
+
+def test_a_script_that_cannot_run_twice_in_a_process_is_detected(tmp_path: Path) -> None:
+    """The script fails when run again in one process (as one that initialises a process group at import
+    does): its second configuration is measured again in a fresh process, where it completes; from then on
+    each trial has a process of its own, and the run is told why, once."""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--once-per-process",
+             "--step-seconds", "0.02"]  # fmt: skip
+    (first, second, third), said = _one_runner(tmp_path, words, (2, 4, 8))
+    assert [r.outcome for r in (first, second, third)] == [Outcome.COMPLETE] * 3
+    assert (first.warm_run, second.warm_run, third.warm_run) == (1, 1, None)
+    assert len({first.log_dir, second.log_dir, third.log_dir}) == 3
+    assert said == [
+        f"trials run one process each from now on: {SYNTHETIC} failed on its run 2 in one process "
+        "(RuntimeError: trying to initialize the default process group twice!) and not in a fresh one"
+    ]
+
+
+def test_a_script_that_fails_in_a_fresh_process_too_keeps_its_warm_process(tmp_path: Path) -> None:
+    """A failure of the configuration itself (batch 8 raises ValueError, in any process) is its outcome:
+    the fresh process that confirmed it goes on warm with the next configuration."""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--crash-at", "1",
+             "--crash-above", "4", "--step-seconds", "0.02"]  # fmt: skip
+    (first, failed, after), said = _one_runner(tmp_path, words, (2, 8, 4))
+    assert [r.outcome for r in (first, failed, after)] == [Outcome.COMPLETE, Outcome.FAILED, Outcome.COMPLETE]
+    assert "ValueError: synthetic crash at step 1" in (failed.error or "")
+    assert (first.warm_run, failed.warm_run, after.warm_run) == (1, 1, 2)
+    assert after.log_dir == failed.log_dir != first.log_dir
+    assert said == []
+
+
+def test_a_verification_a_probe_and_a_sweep_each_run_in_a_process_of_their_own(tmp_path: Path) -> None:
+    """The warm process is ended before a configuration it does not take (here a verification's settling
+    run, TrialSettings.settle_steps): that one has a process of its own, and the next trial a new warm one."""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--step-seconds", "0.02"]
+    said: list[str] = []
+    runner = _runner(tmp_path, words, said)
+    settling = TrialSettings(1, 3, 120, 300, tight=0, settle_steps=4)
+    try:
+        first = runner(2, "none")
+        verified = runner(2, "none", settings=settling)
+        after = runner(4, "none")
+    finally:
+        runner.close()
+    assert [r.outcome for r in (first, verified, after)] == [Outcome.COMPLETE] * 3
+    assert (first.warm_run, verified.warm_run, after.warm_run) == (1, None, 1)
+    assert len({first.log_dir, verified.log_dir, after.log_dir}) == 3
