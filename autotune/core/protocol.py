@@ -112,6 +112,11 @@ class TrialRequest:
     # A warm process (issue 41, autotune.runtime.warm): after this configuration the runtime returns the
     # process to rest and waits in the request's folder for the next one (WarmMessage), instead of ending.
     warm: bool = False
+    # bytes torch's CUDA caching allocator may hold (torch.cuda.set_per_process_memory_fraction), set by a
+    # warm process before the configuration runs: the budget less what the process holds outside the
+    # allocator at rest (the CUDA context, cuBLAS's workspace), so a configuration over the budget raises
+    # in the process, at the budget (0: no cap)
+    memory_cap: int = 0
 
     @property
     def total_steps(self) -> int:

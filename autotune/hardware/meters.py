@@ -211,7 +211,14 @@ class _Sampler:
                 self._by_step[step] = max(self._by_step.get(step, 0), self.current())
             if self._ceiling is not None and self.sampled_peak() > self._ceiling:
                 self.over.set()
-            self._done.wait(self.interval)
+            self._done.wait(self._next_wait())
+
+    def _next_wait(self) -> float:
+        """The interval, shorter once the trial is past NEAR of its ceiling: a runaway growing 1 GiB/s
+        passes an 800 MB budget by ~50 MB in one 20 Hz interval, by ~2 MB in NEAR_INTERVAL."""
+        if self._ceiling is not None and self.current() > NEAR * self._ceiling:
+            return min(self.interval, NEAR_INTERVAL)
+        return self.interval
 
     def sample(self) -> None:
         raise NotImplementedError
@@ -225,7 +232,9 @@ class _Sampler:
         raise NotImplementedError
 
 
-PSS_EVERY = 10  # a tree's proportional set sizes are read every this many samples (0.5 s at 20 Hz)
+PSS_SECONDS = 0.5  # a tree's proportional set sizes are read this often (every 10th sample at 20 Hz)
+NEAR = 0.5  # past this share of its ceiling, a trial is sampled every NEAR_INTERVAL seconds
+NEAR_INTERVAL = 0.002
 
 
 class RssMeter(_Sampler):
@@ -240,12 +249,13 @@ class RssMeter(_Sampler):
         self._processes = 0
         self._rank_peaks: dict[int, int] = {}
         self._shared: dict[int, int] = {}  # bytes of each process's RSS it shares (RSS - Pss, last read)
+        self._pss_read = 0.0  # when the tree's Pss was last read (time.monotonic())
         self._now = 0
 
     def reset(self, processes: Processes, ranks: Ranks | None) -> None:
         """``ranks``: a multi-process trial (torchrun); its ceiling is then a rank's, its launcher no rank."""
         self._pids, self._ranks, self._peak, self._processes, self._rank_peaks = processes, ranks, 0, 0, {}
-        self._shared = {}
+        self._shared, self._pss_read = {}, 0.0
 
     def sampled_peak(self) -> int:
         if self._ranks is not None:  # the launcher's own memory is no rank's
@@ -255,7 +265,9 @@ class RssMeter(_Sampler):
     def sample(self) -> None:
         sizes: dict[int, int] = {}
         pids = list(self._pids())
-        refresh = self.samples % PSS_EVERY == 0
+        refresh = time.monotonic() - self._pss_read >= PSS_SECONDS
+        if refresh and len(pids) > 1:
+            self._pss_read = time.monotonic()
         for pid in pids:
             resident = resident_bytes(pid, self._page)
             if resident is None:

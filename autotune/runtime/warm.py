@@ -70,6 +70,7 @@ def serve(run: Callable[[list[str]], BaseException | None], argv: list[str], tri
         request = TrialRequest.read(message.request)
         _configure(request, message.request)
         trial.restart(request)
+        cap_allocator(request.memory_cap)
         from autotune.runtime import hooks
 
         hooks.rearm()
@@ -104,6 +105,17 @@ def return_to_rest() -> None:
     gc.collect()
     _malloc_trim()
     reset_high_water()
+
+
+def cap_allocator(cap: int) -> None:
+    """Let torch's CUDA caching allocator hold at most ``cap`` bytes (0: the whole device): past it, an
+    allocation raises torch.OutOfMemoryError in the script, as on a device of that size. A no-op without
+    CUDA in use (the CPU's budget stays the meter's)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0) if cap > 0 else 1.0)
 
 
 def reset_high_water() -> None:

@@ -128,6 +128,9 @@ class WarmProcess:
         self.runs = 0
         self.rest_reference: int | None = None  # bytes at rest after its first configuration
         self.grown: str | None = None  # why it may take no more: its memory at rest grew
+        # on a GPU: what the process held at its last rest outside torch's allocator (NVML's reading less
+        # torch's reserved bytes: the CUDA context, cuBLAS's workspace)
+        self.outside: int | None = None
         self._progress = Path()
 
     @property
@@ -216,10 +219,18 @@ class WarmProcess:
             report_path=str(warm_file(folder, "report", run)),
             progress_path=str(warm_file(folder, "progress", run)),
             warm=True,
+            memory_cap=self._cap(),
         )
         request.write(warm_file(folder, "request", run))
         self._progress = Path(request.progress_path)
         return request
+
+    def _cap(self) -> int:
+        """The allocator's cap for the next configuration: the budget less what the process holds outside
+        torch's allocator (0: no cap: on the CPU, without a budget, or before the process's first rest)."""
+        if self.job.ceiling is None or self.outside is None:
+            return 0
+        return max(self.job.ceiling - self.outside, 1)
 
     def _launch(self, argv: list[str], request: TrialRequest, run: int) -> Launch:
         job, folder = self.job, self.folder
@@ -264,6 +275,9 @@ class WarmProcess:
                 reading = dataclasses.replace(reading, peak_bytes=0, note=reading.note)
         host_read = reading.peak_bytes if reading.method in HOST_METHODS else None
         outcome, error = classify(exit_info, report, job.settings, host_read)
+        if outcome is Outcome.OOM and request.memory_cap and job.ceiling is not None:
+            outcome, error = capped(error)
+            reading = dataclasses.replace(reading, peak_bytes=job.ceiling + 1)  # a lower bound, past it
         if outcome is Outcome.FAILED:
             error = "\n".join(filter(None, [error, tail(folder / "stderr.log")]))
         return trial_result(outcome, error, request, job.device, reading, exit_info, report, folder)
@@ -302,6 +316,7 @@ class WarmProcess:
         else:
             time.sleep(0.05)  # a few of the meter's samples at rest
             now = self.job.meter.current()
+            self.outside = max(now - (rest.cuda_reserved or 0), 0)
         if self.rest_reference is None:
             self.rest_reference = now
             return
@@ -311,6 +326,16 @@ class WarmProcess:
                 f"its memory at rest grew by {mib(grown)} over {self.runs} configurations (a leak, or a "
                 "library holding the script's objects)"
             )
+
+
+def capped(error: str | None) -> tuple[Outcome, str]:
+    """An out-of-memory error under the allocator's cap (TrialRequest.memory_cap) is the budget's: the
+    configuration needs more than the budget, as a meter that stopped it would say (over-budget, its peak a
+    lower bound)."""
+    return Outcome.OVER_BUDGET, (
+        "raised out of memory at the allocator's cap, the budget less the process's memory outside torch's "
+        f"allocator (the peak is a lower bound): {(error or '').strip().splitlines()[0] if error else ''}"
+    ).rstrip(": ")
 
 
 class WarmTrials:

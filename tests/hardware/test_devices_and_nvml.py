@@ -422,3 +422,46 @@ def test_gpus_per_trial_groups_devices_and_pins_a_trial_to_all_of_its_gpus(fake)
         resolve_trial_device("auto", 3, {}, lambda: fake)
     with pytest.raises(InputError, match="needs GPUs"):
         resolve_trial_device("cpu", 2, {}, lambda: fake)
+
+
+@pytest.mark.gpu
+def test_a_warm_process_on_a_gpu_is_stopped_at_the_budget_by_its_allocator_and_goes_on(tmp_path) -> None:
+    """Real NVML and CUDA (issue 41, item 3): a script holding 256 MiB a sample on the GPU, three
+    configurations in one warm process under a 3 GiB budget. Batch 2 fits; batch 16 (4 GiB) raises out of
+    memory in the process at torch's allocator cap (the budget less what the process holds outside the
+    allocator at rest), over-budget, and the process goes on; batch 4 fits, in the same process, its peak
+    (CUDA context included) within 64 MiB of a process of its own."""
+    from autotune.core.plans import Backend, Plan
+    from autotune.hardware.meters import make_meter
+    from autotune.hardware.nvml import load_nvml
+    from autotune.trials.warm import TrialJob, WarmProcess
+
+    _real_nvml()
+    script = tmp_path / "cuda_batches.py"
+    script.write_text(
+        "import torch, autotune\n"
+        "batch = autotune.batch_size(1)\n"
+        "for _ in range(100):\n"
+        "    x = torch.ones(batch * 64 * 2**20, dtype=torch.float32, device='cuda')\n"
+        "    del x\n"
+        "    autotune.step()\n"
+    )
+    device = resolve_device("cuda:0", dict(os.environ), load_nvml)
+    settings = TrialSettings(1, 3, 120, 300, tight=0)
+    job = TrialJob(
+        TrialCommand.parse([str(script)]), Backend.TORCH, device, make_meter(device), settings,
+        tmp_path / "cache", dict(os.environ), ceiling=3 * 2**30,
+    )  # fmt: skip
+    warm = WarmProcess(job)
+    try:
+        readings = [warm.measure(batch, Plan.none()) for batch in (2, 16, 4)]
+    finally:
+        warm.close()
+    assert [r.outcome for r in readings] == [Outcome.COMPLETE, Outcome.OVER_BUDGET, Outcome.COMPLETE]
+    assert [r.warm_run for r in readings] == [1, 2, 3]
+    assert "allocator's cap" in (readings[1].error or "")
+    alone = on_the_gpu(script, tmp_path, batch=4, settings=settings)
+    assert abs(readings[2].peak_bytes - alone.peak_bytes) <= 64 * MiB, (
+        readings[2].peak_bytes,
+        alone.peak_bytes,
+    )

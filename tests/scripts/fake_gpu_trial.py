@@ -2,7 +2,9 @@
 (or, with several fake GPUs, in $FAKE_GPU_USAGE_DIR/<the first UUID in CUDA_VISIBLE_DEVICES>).
 
 Holds --held-mib + batch size x --per-sample-mib for the whole trial and --spike-mib more for
---spike-seconds during step 1; writes the CUDA_VISIBLE_DEVICES it was given to <usage file>.env.
+--spike-seconds during step 1; writes the CUDA_VISIBLE_DEVICES it was given to <usage file>.env. With
+--context-mib, that much more from the first run on, and only that once a run ends: what a CUDA process holds
+at rest (its context), as a warm process's rest would show it (autotune.trials.warm).
 """
 
 import argparse
@@ -28,21 +30,26 @@ def main() -> None:
     p.add_argument("--spike-seconds", type=float, default=0.2)
     p.add_argument("--per-sample-mib", type=float, default=0)
     p.add_argument("--step-seconds", type=float, default=0.01)
+    p.add_argument("--context-mib", type=float, default=0)
     args = p.parse_args()
     usage = os.environ.get("FAKE_GPU_USAGE_FILE") or os.path.join(
         os.environ["FAKE_GPU_USAGE_DIR"], os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
     )
-    held = args.held_mib + autotune.batch_size(default=1) * args.per_sample_mib
+    held = args.context_mib + args.held_mib + autotune.batch_size(default=1) * args.per_sample_mib
     with open(usage + ".env", "w") as f:
         f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
     declare(usage, held * MiB)
-    for step in range(10**9):
-        if step == 1 and args.spike_mib:
-            declare(usage, (held + args.spike_mib) * MiB)
-            time.sleep(args.spike_seconds)
-            declare(usage, held * MiB)
-        time.sleep(args.step_seconds)
-        autotune.step()
+    try:
+        for step in range(10**9):
+            if step == 1 and args.spike_mib:
+                declare(usage, (held + args.spike_mib) * MiB)
+                time.sleep(args.spike_seconds)
+                declare(usage, held * MiB)
+            time.sleep(args.step_seconds)
+            autotune.step()
+    finally:
+        if args.context_mib:
+            declare(usage, args.context_mib * MiB)
 
 
 if __name__ == "__main__":

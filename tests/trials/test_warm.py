@@ -12,17 +12,18 @@ from pathlib import Path
 import pytest
 
 from autotune.core.plans import Backend, parse_plan
-from autotune.core.protocol import Outcome
-from autotune.hardware.devices import cpu_device
-from autotune.hardware.meters import RssMeter
+from autotune.core.protocol import Outcome, TrialRequest
+from autotune.hardware.devices import cpu_device, resolve_device
+from autotune.hardware.meters import RssMeter, make_meter
 from autotune.search.runner import TrialRunner
 from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
-from autotune.trials.warm import TrialJob, WarmProcess
+from autotune.trials.warm import TrialJob, WarmProcess, capped
 
-from conftest import ROOT, SYNTHETIC
+from conftest import ROOT, SCRIPTS, SYNTHETIC
+from fake_nvml import FakeGpu, FakeNvml
 
 MiB = 2**20
 SETTINGS = TrialSettings(1, 3, 120, 300, tight=0)  # a fixed count of steps: peaks are what is compared
@@ -198,3 +199,43 @@ def test_a_verification_a_probe_and_a_sweep_each_run_in_a_process_of_their_own(t
     assert [r.outcome for r in (first, verified, after)] == [Outcome.COMPLETE] * 3
     assert (first.warm_run, verified.warm_run, after.warm_run) == (1, None, 1)
     assert len({first.log_dir, verified.log_dir, after.log_dir}) == 3
+
+
+def test_on_a_gpu_the_next_configuration_runs_under_the_allocator_cap(tmp_path: Path) -> None:
+    """FAKE NVML (no GPU here; the real path: tests/hardware/test_devices_and_nvml.py, marked gpu): a process
+    holding 500 MiB at rest outside torch's allocator (its CUDA context) gets its next configurations with
+    torch's allocator capped at the budget less that; its first, started fresh, has no cap (the meter guards
+    it alone); on the CPU no configuration has one."""
+    fake = FakeNvml([FakeGpu("GPU-warm", usage_file=tmp_path / "usage")])
+    device = resolve_device("cuda:0", {}, lambda: fake)
+    words = [str(SCRIPTS / "fake_gpu_trial.py"), "--context-mib", "500", "--per-sample-mib", "10"]
+    job = TrialJob(
+        TrialCommand.parse(words), Backend.TORCH, device, make_meter(device, fake), SETTINGS, tmp_path,
+        {**os.environ, "FAKE_GPU_USAGE_FILE": str(tmp_path / "usage")}, ceiling=2 * 2**30,
+    )  # fmt: skip
+    warm = WarmProcess(job)
+    try:
+        readings = [warm.measure(batch, parse_plan("none")) for batch in (4, 8, 2)]
+    finally:
+        warm.close()
+    assert [r.outcome for r in readings] == [Outcome.COMPLETE] * 3
+    assert [r.peak_bytes for r in readings] == [540 * MiB, 580 * MiB, 520 * MiB]  # the context included
+    caps = [TrialRequest.read(Path(readings[0].log_dir) / f"request-{k}.json").memory_cap for k in (1, 2, 3)]
+    assert caps == [0, 2 * 2**30 - 500 * MiB, 2 * 2**30 - 500 * MiB]
+    cpu = WarmProcess(_job(tmp_path, [str(SYNTHETIC), "--base-mib", "10", "--step-seconds", "0.02"]))
+    try:
+        on_the_cpu = [cpu.measure(batch, parse_plan("none")) for batch in (1, 2)]
+    finally:
+        cpu.close()
+    assert [
+        TrialRequest.read(Path(on_the_cpu[0].log_dir) / f"request-{k}.json").memory_cap for k in (1, 2)
+    ] == [0, 0]
+
+
+def test_an_out_of_memory_error_under_the_cap_is_over_the_budget() -> None:
+    """The cap is the budget's: torch's error there says the configuration needs more than the budget."""
+    assert capped("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == (
+        Outcome.OVER_BUDGET,
+        "raised out of memory at the allocator's cap, the budget less the process's memory outside torch's "
+        "allocator (the peak is a lower bound): OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    )
