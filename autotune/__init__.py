@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.budget import Budget, format_bytes, parse_budget
 from autotune.core.errors import AutotuneError
 from autotune.core.plans import Backend, Plan, parse_plan
-from autotune.runtime.trial import batch_size, due, grad_accum, phase, prepare, step, worst_case
+from autotune.runtime.api import batch_size, due, grad_accum, phase, prepare, step, worst_case
 
 if TYPE_CHECKING:
     from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work

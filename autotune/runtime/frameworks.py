@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.runtime.trial import PhaseNotRun, _Trial, due, phase
+from autotune.runtime.api import due, phase
+from autotune.runtime.trial import PhaseNotRun, _Trial
 
 # module -> how to hook it, once the script imports it
 HF_TRAINER = "transformers.trainer"

@@ -26,9 +26,10 @@ from types import ModuleType
 from typing import Any
 
 from autotune.core.plans import Backend, Plan, parse_plan
+from autotune.runtime.api import prepare
 from autotune.runtime.frameworks import HOOKS
 from autotune.runtime.inputs import read_inputs
-from autotune.runtime.trial import _Trial, current, prepare
+from autotune.runtime.trial import _Trial, current
 
 
 def install() -> None:

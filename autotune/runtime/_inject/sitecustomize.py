@@ -15,7 +15,7 @@ import sys
 
 
 def _install() -> None:
-    from autotune.runtime import hooks, trial
+    from autotune.runtime import hooks, process, trial
 
     hooks.install()
     running = trial.current()
@@ -24,7 +24,7 @@ def _install() -> None:
     previous_hook = sys.excepthook
 
     def on_uncaught(kind, error, tb):  # type: ignore[no-untyped-def]
-        if running.steps or running.rank is not None or trial.is_out_of_memory(error):
+        if running.steps or running.rank is not None or process.is_out_of_memory(error):
             running.conclude(error)
         previous_hook(kind, error, tb)
 

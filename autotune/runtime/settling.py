@@ -1,0 +1,60 @@
+"""When a trial's measurement ends (autotune.runtime.trial): warm-up that adapts to a slow first measured
+step, a measurement that goes on while its throughput's interval is wide, a verification that runs on
+while its peak may still grow. None of them in a multi-process job, whose ranks must stop at the same step."""
+
+from __future__ import annotations
+
+from autotune.core.protocol import read_settled
+from autotune.core.stats import median_interval
+from autotune.runtime.state import TrialState
+
+SETTLE_FACTOR = 1.5  # a first measured step this much slower than the median of the others is warm-up
+
+
+def peak_settling(trial: TrialState) -> bool:
+    """Whether a verification runs on while its peak may still grow (autotune.trials.settle): until
+    the step the tuner wrote, or ``settle_steps`` past the measured ones."""
+    if not trial.request.settle_steps:
+        return False
+    end = read_settled(trial.request.settled_path)
+    if end is not None:
+        trial.settled = end[1]
+        return trial.steps < end[0]
+    past = len(trial.step_seconds) - trial.request.measured_steps
+    if past >= trial.request.settle_steps:
+        trial.settled = "step cap"
+        return False
+    return True
+
+
+def measuring_on(trial: TrialState) -> bool:
+    """Whether the throughput's interval is still wider than the request's ``tight`` and the trial may
+    measure longer: its measured steps have taken less than ``measure_share`` of its start-up (to the end
+    of its warm-up) and ``measure_cap`` seconds. A trial that took 18 s to start is worth more than 0.35 s
+    of measured steps. Not in a multi-process job: each rank would decide alone, and one that stopped
+    a step before another would leave it waiting in a collective."""
+    if not trial.request.tight or trial.rank is not None or not trial.step_seconds:
+        return False
+    spent = sum(trial.step_seconds)
+    startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
+    if spent >= min(trial.request.measure_share * startup, trial.request.measure_cap):
+        return False
+    speed = median_interval([n / s for n, s in zip(trial.step_samples, trial.step_seconds, strict=True)])
+    return speed is not None and speed.noise > trial.request.tight
+
+
+def unsettled(trial: TrialState) -> bool:
+    """Whether the first measured step is still warming up: then it becomes warm-up (up to the cap)."""
+    cap = max(trial.request.warmup_max, trial.request.warmup_steps)
+    # Not in a multi-process job: each rank would decide alone, and a rank that stopped a step before
+    # another would leave it waiting in a collective.
+    if trial.rank is not None or len(trial.step_seconds) < 3 or trial.warmup_steps >= cap:
+        return False
+    rest = sorted(trial.step_seconds[1:])
+    if trial.step_seconds[0] <= SETTLE_FACTOR * rest[(len(rest) - 1) // 2]:  # the lower median
+        return False
+    trial.warmup_steps += 1
+    del trial.step_seconds[0], trial.step_samples[0]
+    if len(trial.step_tokens) > len(trial.step_seconds):
+        del trial.step_tokens[0]
+    return True
