@@ -189,12 +189,15 @@ def time_text(result: TuneResult) -> str:
     for 0.35 s of measured steps)."""
     timed = [r for r in result.records if r.startup_seconds is not None]
     text = f"{result.seconds:,.0f} s to answer"
+    if result.stages:
+        text += " (" + ", ".join(f"{name} {seconds:,.0f} s" for name, seconds in result.stages) + ")"
     if timed:
         starting = sum(r.startup_seconds or 0.0 for r in timed)
         measuring = sum(r.measured_seconds or 0.0 for r in timed)
+        processes = len({r.log_dir for r in timed if r.log_dir})
         text += (
-            f"; the study's {len(timed)} trials spent {starting:,.1f} s starting (to the end of their first "
-            f"step) and {measuring:,.1f} s in measured steps"
+            f"; the study's {len(timed)} trials, in {processes} processes, spent {starting:,.1f} s starting "
+            f"(to the end of their first step) and {measuring:,.1f} s in measured steps"
         )
     return text
 
@@ -219,6 +222,7 @@ def as_json_text(result: TuneResult) -> str:
             "readings": result.best.readings,
             "certainty": result.best.certainty,
             "seconds": result.seconds,
+            "stages": dict(result.stages),
             "lengths": lengths_of(result.records, (result.best.batch_size, result.best.plan)),
             "max_seq_len": result.max_seq_len,
             "phase_peaks": phase_peaks_of(result.records, (result.best.batch_size, result.best.plan)) or None,

@@ -273,4 +273,7 @@ class TuneResult:
     global_batch: int | None = None  # the study's fixed global batch, if any
     grad_accum: int | None = None  # the winner's micro-batches per optimizer step (global batch or declared)
     seconds: float | None = None  # this run's wall time, from its start to the answer
+    # where that time went, in order: ("probe", s) (resolving the job, its probe included), ("search", s),
+    # ("verification", s); empty for an answer from the database
+    stages: tuple[tuple[str, float], ...] = ()
     max_seq_len: int | None = None  # --max-seq-len: the peaks are read at this length

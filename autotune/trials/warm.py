@@ -347,20 +347,32 @@ class WarmTrials:
         self.say = say or (lambda text: None)
         self.process: WarmProcess | None = None
         self.off: str | None = None  # why trials run one process each from now on
+        self._said: set[str] = set()  # why whole jobs cannot run warm, as told
 
     def suits(self, plan: str, settings: TrialSettings) -> bool:
-        """Whether a configuration with ``plan`` under ``settings`` may run warm (see the module docstring)."""
-        parsed = parse_plan(plan) if self.job.backend is Backend.TORCH else None
-        return (
-            self.off is None
-            and parsed is not None
-            and not parsed.compiles
-            and not parsed.ranks
-            and not settings.phases
-            and not settings.settle_steps
-            and not self.job.command.launcher
-            and split_harness(self.job.command.argv(1)) is not None
-        )
+        """Whether a configuration with ``plan`` under ``settings`` may run warm (see the module docstring).
+        Where the whole job cannot (its backend, its command, its phases), the run is told why, once."""
+        if self.off is not None:
+            return False
+        job_wide = self._job_wide(settings)
+        if job_wide is not None:
+            if job_wide not in self._said:
+                self._said.add(job_wide)
+                self.say(f"trials run one process each: {job_wide}")
+            return False
+        parsed = parse_plan(plan)
+        # a compile plan's budget is set as torch is imported; a verification runs in a process of its own
+        return not parsed.compiles and not parsed.ranks and not settings.settle_steps
+
+    def _job_wide(self, settings: TrialSettings) -> str | None:
+        """Why no trial of the job can run warm (None: they may)."""
+        if self.job.backend is not Backend.TORCH:
+            return "--backend ort builds its session for one plan"
+        if self.job.command.launcher or split_harness(self.job.command.argv(1)) is None:
+            return "the harness does not run the command's Python (torchrun, a shell wrapper)"
+        if settings.phases:
+            return "--with-eval and --with-save run their phase once, after the measured steps"
+        return None
 
     def run(
         self,

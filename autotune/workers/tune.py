@@ -85,7 +85,9 @@ def _tune_on(
     key: JobKey,
     cluster: RayCluster | None,
 ) -> TuneResult:
+    started = time.monotonic()
     job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=cluster)
+    resolved = time.monotonic()
     name = job.study_row.study_name
     previous = job.store.job(name) if spec.force else None
     if spec.force:
@@ -113,8 +115,11 @@ def _tune_on(
         _slots(job, cluster, spec, reporter, worker),
     ):
         try:
+            searching = time.monotonic()
             stopped = search.run()
+            verifying = time.monotonic()
             best = verify(search, spec.verify_settings)
+            verified = time.monotonic()
         except (ScriptError, NoFitError) as e:
             job.store.set_job_state(name, JobState.FAILED, str(e))
             raise
@@ -124,7 +129,14 @@ def _tune_on(
             raise
         finally:
             job.runner.close()  # its warm process
-    return job.result(best, study, search.trials_run + job.probes_run, stopped)
+    stages = (
+        ("probe", resolved - started),
+        ("search", verifying - searching),
+        ("verification", verified - verifying),
+    )
+    return dataclasses.replace(
+        job.result(best, study, search.trials_run + job.probes_run, stopped), stages=stages
+    )
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from autotune.trials.command import TrialCommand
 from autotune.trials.measurement import run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
-from autotune.trials.warm import TrialJob, WarmProcess, capped
+from autotune.trials.warm import TrialJob, WarmProcess, WarmTrials, capped
 
 from conftest import ROOT, SCRIPTS, SYNTHETIC
 from fake_nvml import FakeGpu, FakeNvml
@@ -239,3 +240,44 @@ def test_an_out_of_memory_error_under_the_cap_is_over_the_budget() -> None:
         "raised out of memory at the allocator's cap, the budget less the process's memory outside torch's "
         "allocator (the peak is a lower bound): OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
     )
+
+
+def test_what_never_runs_warm_and_what_the_run_is_told() -> None:
+    """A job whose trials cannot share a process is told why once (its phases, its command, its backend); a
+    configuration that cannot (a compile plan, a verification) just runs in a process of its own."""
+    said: list[str] = []
+    synthetic = TrialCommand.parse([str(SYNTHETIC)])
+    trials = WarmTrials(
+        TrialJob(synthetic, Backend.TORCH, cpu_device(), RssMeter(), SETTINGS, Path("."), {}), said.append
+    )
+    assert trials.suits("none", SETTINGS) and trials.suits("Block:0.5", SETTINGS)
+    assert not trials.suits("compile:0.5", SETTINGS)
+    assert not trials.suits("none", TrialSettings(1, 3, 120, 300, settle_steps=4))
+    assert said == []
+    with_eval = TrialSettings(1, 3, 120, 300, phases=("eval",))
+    assert not trials.suits("none", with_eval) and not trials.suits("A:1", with_eval)
+    assert said == [
+        "trials run one process each: --with-eval and --with-save run their phase once, after the measured steps"
+    ]
+    torchrun = TrialCommand.parse(
+        [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--nproc-per-node",
+            "2",
+            str(SYNTHETIC),
+            "--bs",
+            "{batch_size}",
+        ]
+    )
+    ranks = WarmTrials(
+        TrialJob(torchrun, Backend.TORCH, cpu_device(), RssMeter(), SETTINGS, Path("."), {}), said.append
+    )
+    assert not ranks.suits("none", SETTINGS)
+    ort = WarmTrials(
+        TrialJob(synthetic, Backend.ORT, cpu_device(), RssMeter(), SETTINGS, Path("."), {}), said.append
+    )
+    assert not ort.suits("none", SETTINGS)
+    assert said[1:] == [
+        "trials run one process each: the harness does not run the command's Python (torchrun, a shell wrapper)",
+        "trials run one process each: --backend ort builds its session for one plan",
+    ]
