@@ -14,9 +14,16 @@ What each configuration measures is what its own process would have:
 - its steps, warm-up and throughput are its own (the trial object starts over);
 - its peak is the meter's samples from the message to its rest, filed apart from the others'
   (``MemoryMeter.split``): on a GPU the whole device's use above the level before the process started, CUDA
-  context included, as a fresh trial's; on the CPU also never below the process's resident high-water mark
-  since its return to rest (``/proc/self/clear_refs``), which starts at what the process holds at rest:
-  torch's libraries and what they keep, which a fresh process of the same script holds at its peak too.
+  context included, as a fresh trial's (CUDA's cache is emptied at rest: nothing carries over); on the CPU
+  also never below the process's resident high-water mark since its return to rest
+  (``/proc/self/clear_refs``), which starts at what the process holds at rest: torch's libraries and what
+  they keep, which a fresh process of the same script holds at its peak too. The CPU's allocator keeps a
+  history a GPU's emptied cache does not: glibc raises its mmap threshold as large blocks are freed, so a
+  configuration reads 2-4% over a fresh process of it after others at its batch size or below, and 8-20%
+  over after a larger batch (GPT-2 4 x 256: batch 2 after 8, 1181 vs 984 MiB). So on the CPU a warm process
+  never takes a smaller batch than one it ran (``WarmProcess.takes``: the next one starts a new process),
+  and its readings are conservative: never under a fresh process's. The verification, in a process of its
+  own, reads the answer's true peak.
 
 Warm only while it is honest (``WarmTrials``): a process takes the next configuration only if it came back to
 the memory it had at rest after its first one (within REST_SLACK); a script that fails on a later run in one
@@ -126,6 +133,7 @@ class WarmProcess:
         self.folder: Path | None = None
         self.prefix: tuple[str, ...] = ()
         self.runs = 0
+        self.largest_batch = 0  # the largest batch size it ran
         self.rest_reference: int | None = None  # bytes at rest after its first configuration
         self.grown: str | None = None  # why it may take no more: its memory at rest grew
         # on a GPU: what the process held at its last rest outside torch's allocator (NVML's reading less
@@ -137,10 +145,16 @@ class WarmProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.alive
 
-    def takes(self, argv: list[str]) -> bool:
-        """Whether the process can run a configuration with command line ``argv`` next."""
+    def takes(self, argv: list[str], batch: int) -> bool:
+        """Whether the process can run a configuration at ``batch`` with command line ``argv`` next. Where the
+        meter reads host memory, not a batch smaller than one it ran: glibc raises its mmap threshold as
+        large blocks are freed, so a process that ran a larger batch keeps more of a smaller one's blocks on
+        its heap, and reads 8-20% over a fresh process of it (GPT-2 4 x 256 on the CPU: batch 2 after 8,
+        1181 vs 984 MiB); at the same or a larger batch it reads 2-4% over, never under."""
         parts = split_harness(argv)
-        return self.alive and self.grown is None and parts is not None and parts[0] == self.prefix
+        if not self.alive or self.grown is not None or parts is None or parts[0] != self.prefix:
+            return False
+        return self.job.meter.method not in HOST_METHODS or batch >= self.largest_batch
 
     def measure(
         self,
@@ -177,6 +191,7 @@ class WarmProcess:
                 warm_file(self.folder, "next", run)
             )
         self.runs = run
+        self.largest_batch = max(self.largest_batch, batch)
         folder = self.folder
         stage = Stage(self._progress, since, done=lambda: warm_file(folder, "rest", run).exists())
         try:
@@ -382,7 +397,7 @@ class WarmTrials:
         watch: Watch = NO_WATCH,
     ) -> TrialResult:
         """Measure the configuration in the warm process (a new one where there is none that can take it)."""
-        if self.process is not None and not self.process.takes(self.job.command.argv(batch, grad_accum)):
+        if self.process is not None and not self.process.takes(self.job.command.argv(batch, grad_accum), batch):
             self.close()
         if self.process is None:
             self.process = WarmProcess(self.job)

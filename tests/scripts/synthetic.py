@@ -136,6 +136,7 @@ def main() -> None:
     p.add_argument("--hang-at", type=int, default=2)
     p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
     p.add_argument("--oom-plan", default=None, help="raise MemoryError at the first step with this plan")
+    p.add_argument("--crash-plan", default=None, help="raise ValueError at step 1 with this plan")
     p.add_argument(
         "--oom-above",
         type=int,
@@ -237,6 +238,8 @@ def main() -> None:
             raise MemoryError(f"synthetic allocation failure with plan {plan}")
         if args.grow_mib and (args.grow_steps is None or step < args.grow_steps):
             grown.append(touched(args.grow_mib))
+        if step == 1 and plan == args.crash_plan:
+            raise ValueError(f"synthetic crash with plan {plan}")
         if step == args.crash_at and batch > args.crash_above:
             raise ValueError(args.crash_message or f"synthetic crash at step {step}")
         if step == 1 and args.oom_above is not None and batch > args.oom_above:

@@ -28,7 +28,7 @@ from fake_nvml import FakeGpu, FakeNvml
 
 MiB = 2**20
 SETTINGS = TrialSettings(1, 3, 120, 300, tight=0)  # a fixed count of steps: peaks are what is compared
-ENVIRON = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed buffers leave the resident set at once
+ENVIRON = dict(os.environ)  # glibc's allocator as users run it: its mmap threshold rising as blocks are freed
 GPT = ["--n-layer", "4", "--n-embd", "128", "--block-size", "64"]
 
 
@@ -172,16 +172,31 @@ def test_a_script_that_cannot_run_twice_in_a_process_is_detected(tmp_path: Path)
 
 
 def test_a_script_that_fails_in_a_fresh_process_too_keeps_its_warm_process(tmp_path: Path) -> None:
-    """A failure of the configuration itself (batch 8 raises ValueError, in any process) is its outcome:
+    """A failure of the configuration itself (plan B:1 raises ValueError, in any process) is its outcome:
     the fresh process that confirmed it goes on warm with the next configuration."""
-    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--crash-at", "1",
-             "--crash-above", "4", "--step-seconds", "0.02"]  # fmt: skip
-    (first, failed, after), said = _one_runner(tmp_path, words, (2, 8, 4))
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--crash-plan", "B:1",
+             "--step-seconds", "0.02"]  # fmt: skip
+    said: list[str] = []
+    runner = _runner(tmp_path, words, said)
+    try:
+        first, failed, after = (runner(batch, plan) for batch, plan in ((2, "none"), (8, "B:1"), (8, "none")))
+    finally:
+        runner.close()
     assert [r.outcome for r in (first, failed, after)] == [Outcome.COMPLETE, Outcome.FAILED, Outcome.COMPLETE]
-    assert "ValueError: synthetic crash at step 1" in (failed.error or "")
+    assert "ValueError: synthetic crash with plan B:1" in (failed.error or "")
     assert (first.warm_run, failed.warm_run, after.warm_run) == (1, 1, 2)
     assert after.log_dir == failed.log_dir != first.log_dir
     assert said == []
+
+
+def test_on_the_cpu_a_smaller_batch_than_the_process_ran_starts_a_new_process(tmp_path: Path) -> None:
+    """glibc's allocator keeps a history (its mmap threshold rises as large blocks are freed): a process that
+    ran batch 16 would read batch 4 high, so batch 4 starts a new process, which then takes 8 and 16."""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--step-seconds", "0.02"]
+    readings, said = _one_runner(tmp_path, words, (2, 16, 4, 8, 16))
+    assert [r.outcome for r in readings] == [Outcome.COMPLETE] * 5
+    assert [r.warm_run for r in readings] == [1, 2, 1, 2, 3]
+    assert len({r.log_dir for r in readings}) == 2 and said == []
 
 
 def test_a_verification_a_probe_and_a_sweep_each_run_in_a_process_of_their_own(tmp_path: Path) -> None:
