@@ -1,0 +1,82 @@
+"""`make demo`'s run (``autotune run --budget 1GiB examples/gpt.py``, a fresh cache each time) quiet and beside a
+neighbour burning a core in bursts (bench/robustness.py's Neighbour), interleaved and repeated: each run's
+wall seconds, stages, processes and answer. Issue 41's goal: <= 30 s quiet, <= 2x the quiet time loaded.
+
+    python bench/demo_time.py [--repeat 3] [--warm | --no-warm] [--out bench/results/demo-time-cpu.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from robustness import Neighbour
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def once(warm: bool) -> dict:
+    cache = tempfile.mkdtemp(prefix="autotune-demo-")
+    argv = [sys.executable, "-m", "autotune", "run", "--json", "--budget", "1GiB", "--cache-dir", cache,
+            *([] if warm else ["--no-warm"]), str(ROOT / "examples" / "gpt.py")]  # fmt: skip
+    started = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        return {"wall": wall, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    data = json.loads(proc.stdout)
+    trials = [t for t in data["trials"] if t.get("outcome")]
+    return {
+        "wall": wall,
+        "answer": f"{data['plan']}@{data['batch_size']}",
+        "stages": {k: round(v) for k, v in (data.get("stages") or {}).items()},
+        "trials": len(trials),
+        "processes": len({t.get("log_dir") for t in trials}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    lines = [
+        f"# bench/demo_time.py on {platform.node()} ({os.cpu_count()} cores), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{' '.join(['python', *sys.argv])}`"
+    ]
+    walls: dict[str, list[float]] = {"quiet": [], "loaded": []}
+    for r in range(args.repeat):
+        for condition in ("quiet", "loaded"):  # interleaved
+            neighbour = Neighbour(seed=r) if condition == "loaded" else None
+            try:
+                result = once(args.warm)
+            finally:
+                if neighbour is not None:
+                    neighbour.stop()
+            walls[condition].append(result["wall"])
+            lines.append(f"{condition:7} run {r + 1}: {json.dumps(result)}")
+            print(lines[-1], flush=True)
+    quiet, loaded = statistics.median(walls["quiet"]), statistics.median(walls["loaded"])
+    lines.append(
+        f"median wall: quiet {quiet:.0f} s, loaded {loaded:.0f} s ({loaded / quiet:.2f}x the quiet time)"
+    )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
