@@ -397,7 +397,9 @@ class WarmTrials:
         watch: Watch = NO_WATCH,
     ) -> TrialResult:
         """Measure the configuration in the warm process (a new one where there is none that can take it)."""
-        if self.process is not None and not self.process.takes(self.job.command.argv(batch, grad_accum), batch):
+        if self.process is not None and not self.process.takes(
+            self.job.command.argv(batch, grad_accum), batch
+        ):
             self.close()
         if self.process is None:
             self.process = WarmProcess(self.job)
