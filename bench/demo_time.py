@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from robustness import Neighbour
+from robustness import quiet_and_loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,17 +57,11 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{' '.join(['python', *sys.argv])}`"
     ]
     walls: dict[str, list[float]] = {"quiet": [], "loaded": []}
-    for r in range(args.repeat):
-        for condition in ("quiet", "loaded"):  # interleaved
-            neighbour = Neighbour(seed=r) if condition == "loaded" else None
-            try:
-                result = once(args.warm)
-            finally:
-                if neighbour is not None:
-                    neighbour.stop()
-            walls[condition].append(result["wall"])
-            lines.append(f"{condition:7} run {r + 1}: {json.dumps(result)}")
-            print(lines[-1], flush=True)
+    for r, condition in quiet_and_loaded(args.repeat):
+        result = once(args.warm)
+        walls[condition].append(result["wall"])
+        lines.append(f"{condition:7} run {r + 1}: {json.dumps(result)}")
+        print(lines[-1], flush=True)
     quiet, loaded = statistics.median(walls["quiet"]), statistics.median(walls["loaded"])
     lines.append(
         f"median wall: quiet {quiet:.0f} s, loaded {loaded:.0f} s ({loaded / quiet:.2f}x the quiet time)"

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +127,19 @@ class Neighbour:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def quiet_and_loaded(repeat: int, settle: float = 0.0) -> Iterator[tuple[int, str]]:
+    """(round, "quiet"), then (round, "loaded") with a Neighbour bursting (after ``settle`` seconds) while the
+    loop's body runs, ``repeat`` rounds: the two conditions interleaved."""
+    for r in range(repeat):
+        yield r, "quiet"
+        neighbour = Neighbour(seed=r)
+        try:
+            time.sleep(settle)
+            yield r, "loaded"
+        finally:
+            neighbour.stop()
 
 
 def tune(workload: Workload, loaded: bool, seed: int) -> tuple[Run, list[str]]:

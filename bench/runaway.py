@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from robustness import Neighbour
+from robustness import quiet_and_loaded
 
 RUNAWAY = """import autotune
 held = []
@@ -59,19 +59,11 @@ def main() -> None:
         f"# a runaway growing ~1 GiB/s, measured with --budget {args.budget_mb}MB; peak over the budget",
     ]
     worst: dict[str, float] = {}
-    for r in range(args.repeat):
-        for condition in ("quiet", "loaded"):  # interleaved
-            neighbour = Neighbour(seed=r) if condition == "loaded" else None
-            try:
-                if neighbour is not None:
-                    time.sleep(1.5)  # into its first burst
-                outcome, over = once(script, args.budget_mb, str(folder / "cache"))
-            finally:
-                if neighbour is not None:
-                    neighbour.stop()
-            worst[condition] = max(worst.get(condition, -1.0), over)
-            lines.append(f"{condition:7} run {r + 1}: {outcome:12} {over:+.1%}")
-            print(lines[-1], flush=True)
+    for r, condition in quiet_and_loaded(args.repeat, settle=1.5):  # loaded: into the neighbour's first burst
+        outcome, over = once(script, args.budget_mb, str(folder / "cache"))
+        worst[condition] = max(worst.get(condition, -1.0), over)
+        lines.append(f"{condition:7} run {r + 1}: {outcome:12} {over:+.1%}")
+        print(lines[-1], flush=True)
     lines += [f"worst {condition}: {over:+.1%}" for condition, over in worst.items()]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -195,18 +195,11 @@ def run_trial(
         )
         request.write(workdir / "request.json")
     watch = RankWatch(workdir / "progress.json")
-    launch = Launch(
-        argv=tuple(command.argv(batch_size, grad_accum)),
-        env=command.env(trial_env(request, workdir, device, environ, command, backend, root)),
-        workdir=workdir,
-        progress_path=Path(request.progress_path),
-        startup_timeout=settings.startup_timeout,
-        timeout=settings.timeout,
-        grace=settings.grace,
-        cwd=Path(command.cwd) if command.cwd else None,
-        ceiling=ceiling,
-        host_budget=host_budget if host_budget is not None else default_host_budget(),
-        log_limit=settings.log_limit,
+    launch = dataclasses.replace(
+        trial_launch(
+            command.argv(batch_size, grad_accum), request, workdir, device, environ, command, backend, root,
+            settings, ceiling, host_budget,
+        ),
         ranks=watch if command.launcher else None,
         ended=lambda: rank_failed(request.report_path),
         settle=(
@@ -214,7 +207,7 @@ def run_trial(
             if settings.settle_steps
             else None
         ),
-    )
+    )  # fmt: skip
     before = LoadSnapshot.now()
     with writing_trial_files(workdir):  # its logs must be opened
         exit_info, reading = run_process(launch, meter, on_poll, interruptible, stop)
@@ -368,6 +361,38 @@ def trial_request(
     )
 
 
+def trial_launch(
+    argv: list[str],
+    request: TrialRequest,
+    workdir: Path,
+    device: Device,
+    environ: Mapping[str, str],
+    command: TrialCommand,
+    backend: Backend,
+    root: Path,
+    settings: TrialSettings,
+    ceiling: int | None,
+    host_budget: int | None,
+    request_file: Path | None = None,
+) -> Launch:
+    """How to start a trial process for ``request`` (``request_file``: where it is written, default
+    ``workdir/request.json``): its command line and environment, its timeouts, its ceiling and host budget."""
+    env = trial_env(request, workdir, device, environ, command, backend, root, request_file)
+    return Launch(
+        argv=tuple(argv),
+        env=command.env(env),
+        workdir=workdir,
+        progress_path=Path(request.progress_path),
+        startup_timeout=settings.startup_timeout,
+        timeout=settings.timeout,
+        grace=settings.grace,
+        cwd=Path(command.cwd) if command.cwd else None,
+        ceiling=ceiling,
+        host_budget=host_budget if host_budget is not None else default_host_budget(),
+        log_limit=settings.log_limit,
+    )
+
+
 def trial_env(
     request: TrialRequest,
     workdir: Path,
@@ -376,6 +401,7 @@ def trial_env(
     command: TrialCommand,
     backend: Backend,
     root: Path,
+    request_file: Path | None = None,
 ) -> dict[str, str]:
     """The trial's environment: the request, the batch size and plan, the device pinned, the workload's
     compilation caches; for ORT, the plan's own variables (the extension built first, outside any measured
@@ -385,7 +411,7 @@ def trial_env(
             k: v for k, v in environ.items() if k not in NOT_FOR_TRIALS
         },  # a trial needs no database, nor its password, nor the job key
         **device.child_env(),
-        REQUEST_ENV: str(workdir / "request.json"),
+        REQUEST_ENV: str(request_file or workdir / "request.json"),
         BATCH_SIZE_ENV: str(request.batch_size),
         PLAN_ENV: request.plan,
         GRAD_ACCUM_ENV: str(request.grad_accum or 1),

@@ -58,7 +58,6 @@ from autotune.core.protocol import (
     EXIT_COMPLETE,
     EXIT_FAILED,
     EXIT_OOM,
-    REQUEST_ENV,
     Outcome,
     Rest,
     TrialReport,
@@ -69,12 +68,12 @@ from autotune.core.protocol import (
     warm_file,
 )
 from autotune.hardware.devices import Device
-from autotune.hardware.host import default_host_budget, mib
+from autotune.hardware.host import mib
 from autotune.hardware.load import LoadSnapshot
 from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading
 from autotune.trials.command import TrialCommand
 from autotune.trials.launcher import Launch, ProcessExit, Stage, TrialProcess, tail
-from autotune.trials.measurement import read_report, trial_env, trial_request, trial_result
+from autotune.trials.measurement import read_report, trial_launch, trial_request, trial_result
 from autotune.trials.result import TrialResult, classify
 from autotune.trials.settings import TrialSettings
 
@@ -250,21 +249,10 @@ class WarmProcess:
     def _launch(self, argv: list[str], request: TrialRequest, run: int) -> Launch:
         job, folder = self.job, self.folder
         assert folder is not None
-        env = trial_env(request, folder, job.device, job.environ, job.command, job.backend, job.root)
-        env[REQUEST_ENV] = str(warm_file(folder, "request", run))
-        return Launch(
-            argv=tuple(argv),
-            env=job.command.env(env),
-            workdir=folder,
-            progress_path=Path(request.progress_path),
-            startup_timeout=job.settings.startup_timeout,
-            timeout=job.settings.timeout,
-            grace=job.settings.grace,
-            cwd=Path(job.command.cwd) if job.command.cwd else None,
-            ceiling=job.ceiling,
-            host_budget=job.host_budget if job.host_budget is not None else default_host_budget(),
-            log_limit=job.settings.log_limit,
-        )
+        return trial_launch(
+            argv, request, folder, job.device, job.environ, job.command, job.backend, job.root, job.settings,
+            job.ceiling, job.host_budget, warm_file(folder, "request", run),
+        )  # fmt: skip
 
     def _position(self) -> tuple[int, str | None]:
         """Where the configuration being measured is (the meter files each sample under it)."""
@@ -287,7 +275,7 @@ class WarmProcess:
                 raise TrialError(f"the warm trial process left no result ({folder})")
             exit_info, reading = ended
             if run > 1:  # the process's own peak is its earlier configurations' too
-                reading = dataclasses.replace(reading, peak_bytes=0, note=reading.note)
+                reading = dataclasses.replace(reading, peak_bytes=0)
         host_read = reading.peak_bytes if reading.method in HOST_METHODS else None
         outcome, error = classify(exit_info, report, job.settings, host_read)
         if outcome is Outcome.OOM and request.memory_cap and job.ceiling is not None:
