@@ -45,6 +45,7 @@ from autotune.core.protocol import (
     TrialRequest,
     WarmMessage,
     warm_file,
+    write_progress,
 )
 from autotune.runtime.trial import _Trial
 
@@ -70,6 +71,7 @@ def serve(run: Callable[[list[str]], BaseException | None], argv: list[str], tri
         request = TrialRequest.read(message.request)
         _configure(request, message.request)
         trial.restart(request)
+        write_progress(trial.progress_path, 0)  # taken: the tuner waits a bounded time for this file
         cap_allocator(request.memory_cap)
         from autotune.runtime import hooks
 

@@ -204,6 +204,9 @@ class Stage:
     settle: Settle | None = None
     done: Callable[[], bool] | None = None
     first_step: float | None = None  # seconds from ``since`` to the end of its first step
+    # a warm process's later configuration: seconds it has to take its message (its progress file then
+    # exists) before the wait ends with "untaken" (None: no such bound)
+    take_seconds: float | None = None
 
 
 def _start_shim(launch: Launch) -> subprocess.Popen[bytes]:
@@ -289,6 +292,12 @@ def _wait(
             on_poll(steps, elapsed)
         if stage.done is not None and stage.done():
             return None
+        if (
+            stage.take_seconds is not None
+            and elapsed > stage.take_seconds
+            and not stage.progress_path.exists()
+        ):
+            return "untaken"  # the process lives, but does not listen: its caller ends it
         reason = "startup" if steps == 0 and elapsed > launch.startup_timeout else None
         reason = "run" if elapsed > launch.timeout else reason
         if reason:

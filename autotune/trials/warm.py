@@ -83,6 +83,9 @@ HARNESS = "autotune.runtime.harness"
 REST_SLACK_BYTES = 32 * 2**20
 REST_SLACK_SHARE = 0.05
 END_SECONDS = 10.0  # a warm process told to end has this long before it is stopped
+# a warm process at rest looks for its next message every 10 ms: one that has not taken it in this long
+# (its progress file) does not listen, and is ended; its configuration is measured in a fresh process
+TAKE_SECONDS = 30.0
 _EXIT = {Outcome.COMPLETE: EXIT_COMPLETE, Outcome.OOM: EXIT_OOM}
 
 
@@ -153,6 +156,8 @@ class WarmProcess:
         parts = split_harness(argv)
         if not self.alive or self.grown is not None or parts is None or parts[0] != self.prefix:
             return False
+        if self.job.meter.over.is_set():  # a sample past the ceiling as its last configuration ended
+            return False
         return self.job.meter.method not in HOST_METHODS or batch >= self.largest_batch
 
     def measure(
@@ -167,6 +172,7 @@ class WarmProcess:
         Raises:
             InputError: ``batch`` or ``grad_accum`` is not a whole number >= 1.
             TrialInterrupted, StopRequested: as run_trial; the process is stopped.
+            Untaken: the process, at rest, did not take the configuration; it is stopped.
         """
         check_trial_sizes(batch, grad_accum)
         job = self.job
@@ -192,12 +198,20 @@ class WarmProcess:
         self.runs = run
         self.largest_batch = max(self.largest_batch, batch)
         folder = self.folder
-        stage = Stage(self._progress, since, done=lambda: warm_file(folder, "rest", run).exists())
+        stage = Stage(
+            self._progress,
+            since,
+            done=lambda: warm_file(folder, "rest", run).exists(),
+            take_seconds=TAKE_SECONDS if run > 1 else None,
+        )
         try:
             timed_out = self.process.wait(watch.on_poll, watch.interruptible, watch.stop, stage)
         except BaseException:
             self._end(None)
             raise
+        if timed_out == "untaken":
+            self._end(None)
+            raise Untaken(f"its process did not take configuration {run} within {TAKE_SECONDS:g}s")
         result = self._result(request, run, timed_out, stage, since)
         return dataclasses.replace(result, load=before.until(LoadSnapshot.now()), warm_run=run)
 
@@ -331,6 +345,10 @@ class WarmProcess:
             )
 
 
+class Untaken(TrialError):
+    """A warm process at rest did not take the configuration it was sent (WarmProcess.measure)."""
+
+
 def capped(error: str | None) -> tuple[Outcome, str]:
     """An out-of-memory error under the allocator's cap (TrialRequest.memory_cap) is the budget's: the
     configuration needs more than the budget, as a meter that stopped it would say (over-budget, its peak a
@@ -391,7 +409,11 @@ class WarmTrials:
             self.close()
         if self.process is None:
             self.process = WarmProcess(self.job)
-        result = self.process.measure(batch, plan, grad_accum, watch)
+        try:
+            result = self.process.measure(batch, plan, grad_accum, watch)
+        except Untaken as e:
+            self._turn_off(f"{self._script()}: {e}")
+            return self._alone(batch, plan, grad_accum, watch)
         if result.outcome is Outcome.FAILED and (result.warm_run or 1) > 1:
             return self._again_fresh(result, batch, plan, grad_accum, watch)
         if self.process.grown is not None:

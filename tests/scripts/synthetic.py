@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 
 import autotune
@@ -152,6 +153,12 @@ def main() -> None:
         "holds what the script made)",
     )
     p.add_argument(
+        "--deaf-after-run",
+        action="store_true",
+        help="after its run, leave time.sleep blocking forever (a module-level side effect): a warm process at "
+        "rest, which sleeps between looks for its next message, never takes one",
+    )
+    p.add_argument(
         "--once-per-process",
         action="store_true",
         help="fail when run a second time in one process (a process group initialised at import)",
@@ -263,5 +270,13 @@ def main() -> None:
     sys.stdout.write("finished all steps\n")
 
 
+def _never(seconds: float) -> None:
+    threading.Event().wait()
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        if "--deaf-after-run" in sys.argv:
+            time.sleep = _never

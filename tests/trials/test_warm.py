@@ -189,6 +189,25 @@ def test_a_script_that_fails_in_a_fresh_process_too_keeps_its_warm_process(tmp_p
     assert said == []
 
 
+def test_a_process_that_does_not_take_its_next_configuration_is_ended_and_warm_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script leaves time.sleep blocking (its process at rest never looks for its next message again):
+    within TAKE_SECONDS the process is ended, the configuration measured in a process of its own, the run
+    told once, and later trials run one process each."""
+    monkeypatch.setattr("autotune.trials.warm.TAKE_SECONDS", 3.0)
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "2", "--deaf-after-run",
+             "--step-seconds", "0.02"]  # fmt: skip
+    (first, second, third), said = _one_runner(tmp_path, words, (2, 4, 8))
+    assert [r.outcome for r in (first, second, third)] == [Outcome.COMPLETE] * 3
+    assert (first.warm_run, second.warm_run, third.warm_run) == (1, None, None)
+    assert len({first.log_dir, second.log_dir, third.log_dir}) == 3
+    assert said == [
+        f"trials run one process each from now on: {SYNTHETIC}: its process did not take configuration 2 "
+        "within 3s"
+    ]
+
+
 def test_on_the_cpu_a_smaller_batch_than_the_process_ran_starts_a_new_process(tmp_path: Path) -> None:
     """glibc's allocator keeps a history (its mmap threshold rises as large blocks are freed): a process that
     ran batch 16 would read batch 4 high, so batch 4 starts a new process, which then takes 8 and 16."""
