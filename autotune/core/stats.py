@@ -76,4 +76,4 @@ def pooled(readings: Sequence[Interval]) -> Interval | None:
     else:
         spread = (max(mids) - min(mids)) / 2
     half = max(spread, min(r.noise for r in readings) * mid, NOISE_FLOOR * mid)
-    return Interval(mid - half, mid, mid + half)
+    return Interval(max(mid - half, 0.0), mid, mid + half)  # a speed is never below 0

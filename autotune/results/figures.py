@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
+from autotune.search.noise import overruled
 from autotune.search.records import TrialKind, TrialRecord
 
 if TYPE_CHECKING:
@@ -155,7 +156,9 @@ def pareto_figure(report: StudyReport) -> Figure:
                 zorder=2,
             )
             art.set_gid(f"predicted-{index}")
-    front = pareto_front(found)
+    # no front through a reading that a side-by-side verification of its configuration overruled
+    out = overruled(report.records)
+    front = pareto_front([p for p in found if p.number not in out])
     if len(front) > 1:
         (line,) = ax.step(
             [p.peak_bytes / scale for p in front],

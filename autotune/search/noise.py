@@ -15,6 +15,11 @@ decide it (the incumbent's, and the reference plan's largest batch size, which b
 configuration could climb) are measured again, interleaved, if a busy machine took them (or nothing says
 it was quiet: a kernel without CPU pressure).
 
+A verification's readings are longer and taken side by side with its rivals' (interleaved): a search
+reading they contradict beyond both intervals was taken in a quiet gap or a burst, and no speed, front or
+answer rests on it (:func:`overruled`). On a busy 2-core machine, one 103 samples/s reading of batch 4
+taken in a quiet gap crowned it, verified at 10, over batch 32 read twice at 23.
+
 Load only ever slows a trial. Where two configurations' readings contradict an order no training step
 breaks (in one plan, a larger batch's step no shorter than a smaller one's; at one batch size, ``none`` no
 slower than a plan that recomputes), the slower side, read once, is *out of order*: measured again before
@@ -27,7 +32,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 from autotune.core.protocol import Outcome
-from autotune.core.stats import Interval
+from autotune.core.stats import Interval, pooled
 from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord
 from autotune.search.throughput_model import plan_recomputes_at_least
 
@@ -79,6 +84,25 @@ def _intervals(rs: Sequence[TrialRecord]) -> list[Interval]:
 def disagreeing(records: list[TrialRecord], config: Configuration) -> bool:
     """Whether ``config``'s readings disagree (see :func:`disagree`)."""
     return disagree(_intervals(readings(records, config)))
+
+
+def overruled(records: Iterable[TrialRecord]) -> set[int]:
+    """The numbers of the search readings (measured or warm-started) of a configuration that its own
+    verification readings, pooled, contradict (:func:`disagree`): they stand for a moment of the machine's
+    load, not for the configuration."""
+    records = list(records)
+    checked: dict[Configuration, list[Interval]] = {}
+    for r in records:
+        if r.kind is TrialKind.VERIFICATION and r.outcome is Outcome.COMPLETE and r.throughput is not None:
+            checked.setdefault((r.batch_size, r.plan), []).append(r.throughput)  # type: ignore[arg-type]
+    out = set()
+    for config, side_by_side in checked.items():
+        verified = pooled(side_by_side)
+        assert verified is not None  # one reading at least
+        for r in readings(records, config):
+            if r.kind is not TrialKind.VERIFICATION and disagree([r.throughput, verified]):  # type: ignore[list-item]
+                out.add(r.number)
+    return out
 
 
 def in_flight(records: Iterable[TrialRecord], config: Configuration) -> bool:

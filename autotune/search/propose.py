@@ -39,7 +39,7 @@ from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
-from autotune.search.noise import contradicted, next_attempt, out_of_order, unsettled
+from autotune.search.noise import contradicted, next_attempt, out_of_order, overruled, unsettled
 from autotune.search.records import Configuration, ProposedBy, TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
 from autotune.search.throughput_model import Reading, ThroughputModel
@@ -87,12 +87,16 @@ def speed_of(
     transfer: dict[str, float] | None = None,
 ) -> ThroughputModel:
     """The throughput model fitted to every completed reading, fitting or not (a configuration over the
-    budget still says how fast its batch size runs)."""
+    budget still says how fast its batch size runs), but those its side-by-side verifications overrule
+    (autotune.search.noise.overruled)."""
+    records = list(records)
+    out = overruled(records)
     return ThroughputModel.fit(
         [
             Reading(r.batch_size, r.plan, speed)
             for r in records
-            if r.kind in (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
+            if r.number not in out
+            and r.kind in (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
             and r.outcome is Outcome.COMPLETE
             and r.batch_size is not None
             and r.plan is not None

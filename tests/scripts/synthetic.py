@@ -106,7 +106,8 @@ def main() -> None:
         "--slow",
         default="",
         help="BATCH:PLAN#N=FACTOR,...: the N-th trial (from 0) of that configuration, counted in "
-        "--state-dir, runs FACTOR times slower, as on a machine busy for that one trial",
+        "--state-dir, runs FACTOR times slower, as on a machine busy for that one trial (#vN: its N-th "
+        "verification; the first item that names a trial counts)",
     )
     p.add_argument(
         "--extra-mib",
@@ -226,7 +227,7 @@ def main() -> None:
             while True:
                 time.sleep(1)
     step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
-    step_seconds *= named_value(args.slow, batch, plan, reading, 1.0)
+    step_seconds *= named_value(args.slow, batch, plan, reading, 1.0, verification)
     seed = None if args.seed is None else f"{args.seed}:{batch}:{plan}:{reading}"
     jitter = random.Random(seed)
     if args.never_step:
