@@ -125,6 +125,20 @@ def _share(ctx: click.Context, param: click.Parameter, value: str) -> float:
     return share
 
 
+def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """``90``, ``90s``, ``5m`` or ``1h`` as seconds (0: no limit); None: the default."""
+    if value is None:
+        return None
+    scale = {"s": 1, "m": 60, "h": 3600}.get(value[-1:].lower(), 0)
+    try:
+        seconds = float(value[:-1] if scale else value) * (scale or 1)
+    except ValueError:
+        raise click.BadParameter(f"expected seconds such as 90, 90s, 5m or 1h, got {value!r}") from None
+    if not seconds >= 0:
+        raise click.BadParameter(f"expected 0 (no limit) or more seconds, got {value!r}")
+    return seconds
+
+
 TIGHT = click.option(
     "--tight",
     default=f"{TrialSettings.tight:.0%}",
@@ -229,6 +243,14 @@ def search_options(command: F) -> F:
                 help="The most trials the study may hold (counted over resumed runs and all workers; "
                 "a re-measurement of a configuration a busy machine disturbed is not counted); "
                 "the search stops sooner once nothing left can beat its best.",
+            ),
+            click.option(
+                "--time-limit",
+                callback=_seconds,
+                metavar="SECONDS",
+                help="The most wall-clock time the run takes to its answer (90, 5m, 1h): the search stops "
+                "proposing while the verification still fits, and says so. Default: 3 minutes, or 10 times "
+                "the probe, whichever is longer; 0: none.",
             ),
             click.option(
                 "--batch-sizes",

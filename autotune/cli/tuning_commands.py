@@ -27,6 +27,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
         headroom=options["headroom"],
         backend=options["backend"],
         trials=options["trials"],
+        time_limit=options["time_limit"],
         settings=settings_of(options),
         seed=options["seed"],
         device=options["device"],

@@ -43,6 +43,7 @@ from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
 from autotune.search.calibration import hopeless
+from autotune.search.cost import Cost, search_seconds, verification_seconds
 from autotune.search.memory_model import MemoryModel
 from autotune.search.noise import REMEASURE_ATTEMPT
 from autotune.search.optuna_trials import (
@@ -115,6 +116,7 @@ class Search:
         headroom: float = 0.0,
         exhaustive: bool = False,
         sweep: bool = False,
+        cost: Cost | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -130,6 +132,7 @@ class Search:
         self.headroom = headroom
         self.exhaustive = exhaustive
         self.sweep = sweep  # measure the plans without a reading in one process (autotune.search.sweep)
+        self.cost = cost or Cost(None)  # trials of every kind and seconds (autotune.search.cost)
         self.stopped: str | None = None  # why the search stopped before ``target`` trials
         self.worker = worker or worker_id()
         self.device = str(runner.device)
@@ -173,6 +176,9 @@ class Search:
         leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
         busy = any(lease.state in (LeaseState.RUNNING, LeaseState.QUEUED) for lease in leases)
         counted = sum(r.counted for r in records)
+        if (spent := self._spent(records)) is not None:
+            self._stop(f"stopped after {counted} trials: {spent}", counted)
+            return Step.BUSY if busy else Step.FINISHED
         if counted >= self.target or self.misses >= MAX_MISSES:
             if self.misses >= MAX_MISSES:
                 self._stop(
@@ -189,7 +195,7 @@ class Search:
             slot = self.store.take_slot(self.name, self.target, self.worker)
             if slot is None:  # other workers are measuring the study's last trials
                 return Step.BUSY
-            self.reporter.searching(counted, self.target, None)
+            self.reporter.searching(self.cost.spent(records), self.target, None)
             step = self._sweep(*swept, records, model)
             if step is not Step.RAN:
                 self.store.forget_slot(self.name, slot)
@@ -211,16 +217,35 @@ class Search:
         if proposal is None and not (model.calibrated and model.resolved) and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
         if proposal is not None and proposal.why == REMEASURE:  # a second opinion takes no slot of --trials
-            self.reporter.searching(counted, self.target, proposal.contenders)
+            self.reporter.searching(self.cost.spent(records), self.target, proposal.contenders)
             return self._proposed(proposal)
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
             return Step.BUSY
-        self.reporter.searching(counted, self.target, proposal.contenders if proposal is not None else None)
+        self.reporter.searching(
+            self.cost.spent(records), self.target, proposal.contenders if proposal is not None else None
+        )
         step = self._proposed(proposal) if proposal is not None else self._sample(records, model)
         if step is not Step.RAN:  # nothing was measured: the slot is free again
             self.store.forget_slot(self.name, slot)
         return step
+
+    def _spent(self, records: list[TrialRecord]) -> str | None:
+        """Why the search may propose no more trials (autotune.search.cost), None while it may: what is left
+        of ``--trials`` or of the time limit is the verification's. The first reading is always taken."""
+        if not any(r.kind is TrialKind.MEASURED and r.measured for r in records):
+            return None
+        cost = self.cost
+        left = cost.left(records)
+        if left <= cost.reserve():
+            kept = f"the {left} it leaves" if left else "none left"
+            return f"--trials {cost.trials} counts every trial, the verifications' too: {kept} for the verification"
+        if not cost.fits(search_seconds(records) + verification_seconds(records)):
+            return (
+                f"the time limit ({cost.limit_seconds:,.0f} s, --time-limit) leaves {max(cost.seconds_left(), 0):,.0f} s, "
+                "kept for the verification"
+            )
+        return None
 
     def _stop(self, reason: str, counted: int) -> None:
         if self.stopped is None:

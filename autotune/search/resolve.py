@@ -20,6 +20,7 @@ from autotune.hardware.host import host_budget_of
 from autotune.hardware.meters import make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.watch import grace_seconds
+from autotune.search.cost import Cost
 from autotune.search.loop import Search
 from autotune.search.naming import default_study_name, study_key
 from autotune.search.optuna_trials import records_of
@@ -50,7 +51,9 @@ class ResolvedJob:
     fixed_bytes: int | None  # the probe's weights, gradients and optimizer state
     transfer: dict[str, float]  # an offload plan's least seconds per sample to the host and back
 
-    def search(self, study: optuna.Study, reporter: Reporter, worker: str) -> Search:
+    def search(
+        self, study: optuna.Study, reporter: Reporter, worker: str, cost: Cost | None = None
+    ) -> Search:
         return Search(
             study,
             self.space,
@@ -74,6 +77,7 @@ class ResolvedJob:
                 if self.spec.sweep is not None
                 else self.device.kind == "cuda" and not self.spec.warm  # warm trials measure a plan for less
             ),
+            cost=cost,
         )
 
     def result(

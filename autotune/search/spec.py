@@ -81,6 +81,9 @@ class TuneSpec:
     warm: bool = True
     """One trial process measures configuration after configuration, the script run again in it for each
     (autotune.trials.warm); False: a process per trial."""
+    time_limit: float | None = None
+    """Wall seconds the run may take to its answer (autotune.search.cost): the search stops proposing while
+    a verification still fits; None: the default (autotune.search.cost.default_limit); 0: none."""
     executor: str = "local"
     """Where trials run: ``local`` (this machine, with helpers and workers) or ``ray`` (each trial placed
     on a Ray cluster: autotune.cluster). Not part of the job."""
@@ -95,6 +98,8 @@ class TuneSpec:
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise InputError(f"--trials must be at least 1, got {self.trials}")
+        if self.time_limit is not None and not self.time_limit >= 0:
+            raise InputError(f"--time-limit must be 0 (none) or more seconds, got {self.time_limit:g}")
         check_headroom(self.headroom)
         if self.study is not None:
             check_study_name(self.study)
@@ -182,6 +187,7 @@ class TuneSpec:
             "max_seq_len": self.max_seq_len,
             "sweep": self.sweep,
             "warm": self.warm,
+            "time_limit": self.time_limit,
         }
 
     @classmethod
@@ -215,6 +221,7 @@ class TuneSpec:
             max_seq_len=data.get("max_seq_len"),
             sweep=data.get("sweep"),
             warm=bool(data.get("warm", True)),
+            time_limit=data.get("time_limit"),
         )
 
 

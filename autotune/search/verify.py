@@ -22,6 +22,7 @@ dead verifier's is run once more by another (the readings already stored count),
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -29,6 +30,7 @@ from autotune.core.budget import format_bytes
 from autotune.core.errors import NoFitError, StorageFault, TrialLost
 from autotune.core.stats import Interval
 from autotune.search import noise
+from autotune.search.cost import verification_seconds
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, model_of, speed_of
@@ -105,6 +107,9 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     if _fitting(search, leader) is None:  # only possible for a stale queued retry: nothing to verify any more
         search.store.end_lease(lease.id, LeaseState.FAILED, "no fitting trial of this configuration")
         return None
+    if (spent := _unaffordable(search)) is not None:
+        search.reporter.note(f"{_name(leader)} answered unverified: {spent} before its verification")
+        return _store(search, lease, leader, records_of(search.study))
     contenders = [leader, *_rivals(search, leader, records_of(search.study))]
     if len(contenders) == 1:
         result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
@@ -127,11 +132,15 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
             + (f", interleaved with {named}" if rivals_ else "")
         )
         contenders.extend(rivals_)
+    contenders, rounds = _within_cost(search, contenders)
     fitting = set(contenders)
-    for round_ in range(1, ROUNDS + 1):
+    for round_ in range(1, rounds + 1):
+        if round_ > 1 and (spent := _unaffordable(search, len(fitting))) is not None:
+            search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {spent}")
+            break
         for config in contenders:
             if config in fitting:
-                note = f"re-measures trial {{trial}} (round {round_} of {ROUNDS})"
+                note = f"re-measures trial {{trial}} (round {round_} of {rounds})"
                 _run_verification(search, lease, config, settings, note)
                 if peak_verdict(records_of(search.study), config, search.limit) is False:
                     fitting.discard(config)
@@ -152,9 +161,44 @@ def _fits(search: Search, lease: Lease, config: Configuration, settings: TrialSe
         verdict = peak_verdict(records_of(search.study), config, search.limit)
         if verdict is not None:
             return verdict
+        if _unaffordable(search) is not None:  # undecided, and no trial left to decide it: not an answer
+            break
         note = "re-measures trial {trial}: as many of its peaks were over the limit as under it"
         _run_verification(search, lease, config, settings, note)
     return peak_verdict(records_of(search.study), config, search.limit) is True
+
+
+def _unaffordable(search: Search, runs: int = 1) -> str | None:
+    """Why the run cannot pay for ``runs`` more verification trials (autotune.search.cost), None while it
+    can."""
+    records = records_of(search.study)
+    cost = search.cost
+    if cost.left(records) < runs:
+        return f"--trials {cost.trials} spent (every kind of trial counts)"
+    if not cost.fits(runs * verification_seconds(records)):
+        return f"the time limit ({cost.limit_seconds:,.0f} s, --time-limit) leaves too little for another"
+    return None
+
+
+def _within_cost(search: Search, contenders: list[Configuration]) -> tuple[list[Configuration], int]:
+    """The contenders and the rounds the run can pay for: whole rounds only (readings compared are taken
+    side by side, never a leader's new reading against a rival's search one), fewer rounds first, then
+    fewer rivals (the likeliest kept), said where it cuts."""
+    records = records_of(search.study)
+    left = search.cost.left(records)
+    seconds = search.cost.seconds_left() / verification_seconds(records)
+    if min(left, seconds) == math.inf:
+        return contenders, ROUNDS
+    runs = int(min(left, seconds))
+    kept = contenders[: max(min(len(contenders), runs), 1)]
+    rounds = max(min(ROUNDS, runs // len(kept)), 1)
+    if (len(kept), rounds) != (len(contenders), ROUNDS):
+        why = _unaffordable(search, len(contenders) * ROUNDS) or "what is left"
+        search.reporter.note(
+            f"the verification compares {len(kept)} of {len(contenders)} contenders in {rounds} of {ROUNDS} "
+            f"rounds: {why}"
+        )
+    return kept, rounds
 
 
 def _fitting(search: Search, config: Configuration) -> TrialRecord | None:
@@ -376,6 +420,7 @@ def _run_verification(
     }.items():
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
+    search.reporter.searching(search.cost.spent(records_of(search.study)), search.target, None)
     search.reporter.trial_started(trial.number, batch, plan, note)
     try:
         result = search.runner(

@@ -30,6 +30,8 @@ from autotune.hardware.devices import Device, device_groups, gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
 from autotune.leases.identity import worker_id
+from autotune.search.cost import Cost, default_limit
+from autotune.search.optuna_trials import records_of
 from autotune.search.reporting import Reporter, SilentReporter
 from autotune.search.resolve import ResolvedJob, resolve
 from autotune.search.spec import TuneResult, TuneSpec
@@ -103,7 +105,7 @@ def _tune_on(
     if job.store.submit_job(row).signature != row.signature:
         job.store.replace_job(row)  # an earlier run's job, or one submitted with another key: this run's now
     job.store.set_job_state(name, JobState.RUNNING)
-    search = job.search(study, reporter, worker)
+    search = job.search(study, reporter, worker, _cost(spec, job.probes_run, started, resolved, study))
     if recovered := search.recovery.recover():
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
@@ -137,6 +139,17 @@ def _tune_on(
     return dataclasses.replace(
         job.result(best, study, search.trials_run + job.probes_run, stopped), stages=stages
     )
+
+
+def _cost(spec: TuneSpec, probes: int, started: float, resolved: float, study: optuna.Study) -> Cost:
+    """What this run may spend (autotune.search.cost): ``--time-limit`` (its default from what the probe
+    took) from the run's start. ``--trials`` still counts the search's trials (Search.target): the ceiling
+    over every kind (Cost.trials) is built and tested but not yet the CLI's, see issue 42's note."""
+    seconds = spec.time_limit
+    if seconds is None:
+        seconds = default_limit(resolved - started, records_of(study))
+    deadline = started + seconds if seconds else None
+    return Cost(None, probes, deadline, seconds or None)
 
 
 @contextlib.contextmanager
