@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -19,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from robustness import quiet_and_loaded
+from robustness import finish, header, quiet_and_loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,10 +50,7 @@ def main() -> None:
     parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    lines = [
-        f"# bench/demo_time.py on {platform.node()} ({os.cpu_count()} cores), "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{' '.join(['python', *sys.argv])}`"
-    ]
+    lines = [header("demo_time.py")]
     walls: dict[str, list[float]] = {"quiet": [], "loaded": []}
     for r, condition in quiet_and_loaded(args.repeat):
         result = once(args.warm)
@@ -66,10 +61,7 @@ def main() -> None:
     lines.append(
         f"median wall: quiet {quiet:.0f} s, loaded {loaded:.0f} s ({loaded / quiet:.2f}x the quiet time)"
     )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text)
+    finish(lines, args.out)
 
 
 if __name__ == "__main__":

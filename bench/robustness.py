@@ -137,6 +137,22 @@ class Neighbour:
         self.proc.wait()
 
 
+def header(script: str) -> str:
+    """The first line of a bench's results: the bench, the machine, when, and the command that ran it."""
+    return (
+        f"# bench/{script} on {platform.node()} ({os.cpu_count()} cores), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{' '.join(['python', *sys.argv])}`"
+    )
+
+
+def finish(lines: list[str], out: Path | None) -> None:
+    """Print the results, and write them to ``out`` if given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
 def quiet_and_loaded(repeat: int, settle: float = 0.0) -> Iterator[tuple[int, str]]:
     """(round, "quiet"), then (round, "loaded") with a Neighbour bursting (after ``settle`` seconds) while the
     loop's body runs, ``repeat`` rounds: the two conditions interleaved."""

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from robustness import quiet_and_loaded
+from robustness import finish, header, quiet_and_loaded
 
 RUNAWAY = """import autotune
 held = []
@@ -54,8 +51,7 @@ def main() -> None:
     script = folder / "runaway.py"
     script.write_text(RUNAWAY)
     lines = [
-        f"# bench/runaway.py on {platform.node()} ({os.cpu_count()} cores), "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{' '.join(['python', *sys.argv])}`",
+        header("runaway.py"),
         f"# a runaway growing ~1 GiB/s, measured with --budget {args.budget_mb}MB; peak over the budget",
     ]
     worst: dict[str, float] = {}
@@ -65,10 +61,7 @@ def main() -> None:
         lines.append(f"{condition:7} run {r + 1}: {outcome:12} {over:+.1%}")
         print(lines[-1], flush=True)
     lines += [f"worst {condition}: {over:+.1%}" for condition, over in worst.items()]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text)
+    finish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
-"""What a run may spend (issue 42): wall-clock seconds, and trials of every kind.
+"""What a run may spend in wall-clock time (issue 42, ``--time-limit``).
 
-``--time-limit`` bounds the run's wall clock from its start: the search stops proposing while a
-verification still fits in what is left, and the verification measures whole interleaved rounds within
-it; each says so when it is what ended them. ``Cost.trials`` bounds every trial that starts a process (the
-search's, its re-measurements, the verifications, this run's probe); the search and the verification obey
-it, but ``run`` does not set it yet: ``--trials`` still counts the search's trials only (issue 42's note).
+The limit bounds the run from its start to its answer: the search stops proposing while one more search
+trial and a verification still fit in what is left (``Search._spent``), and the verification measures
+whole interleaved rounds within it (``verify._within_cost``); each says so when it is what ended them. The
+estimates come from the study's own trials (``trial_seconds``), with SLACK for a busy machine.
 
-On a busy 2-core machine, ``--trials 16`` once started 37 processes (8 readings taken again for disagreeing,
-12 re-measurements to verify) in 515 s: ``--trials`` bounded the configurations, not the cost.
+On a busy 2-core machine the demo took 329 s and 767 s to answer with no bound but ``--trials``.
 """
 
 from __future__ import annotations
@@ -19,50 +17,19 @@ from dataclasses import dataclass
 
 from autotune.search.records import TrialKind, TrialRecord
 
-DEFAULT_SECONDS = (
-    180.0  # the default --time-limit's floor: the demo and the examples, on a busy 2-core machine
-)
+DEFAULT_SECONDS = 180.0  # the default limit's floor: the demo and the examples, on a busy 2-core machine
 DEFAULT_PROBES = 10  # ... or this many times what the probe took, whichever is longer
-# trials the search leaves to the verification: the leader's longer run, and one round beside a rival
-VERIFY_RESERVE = 3
 VERIFY_FACTOR = 4  # a verification's measured steps to a search trial's: 3x the steps, then its peak settles
 SLACK = 1.25  # what a trial may take beyond its estimate (a busy machine's start-up, the records around it)
 SLACK_SECONDS = 1.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cost:
-    """A run's ceilings: ``trials`` (every kind, the probe of this run included: ``probes``) and the
-    monotonic ``deadline`` (None: no time limit)."""
+    """A run's time limit: the monotonic ``deadline`` (None: none) and the ``limit_seconds`` it came from."""
 
-    trials: int | None  # None: no ceiling on trials of every kind
-    probes: int = 0
     deadline: float | None = None
-    limit_seconds: float | None = None  # the time limit as given (for what the run says)
-
-    def spent(self, records: Iterable[TrialRecord]) -> int:
-        """Trials that started a process: the probe's, and the study's measured ones and verifications that
-        ran or are running (not skipped, copied, warm-started or still queued)."""
-        ran = sum(
-            1
-            for r in records
-            if r.kind in (TrialKind.MEASURED, TrialKind.VERIFICATION) and r.state not in ("WAITING",)
-        )
-        return ran + self.probes
-
-    def left(self, records: Iterable[TrialRecord]) -> float:
-        if self.trials is None:
-            return math.inf
-        return max(self.trials - self.spent(records), 0)
-
-    def reserve(self) -> int:
-        """Trials the search leaves to the verification: VERIFY_RESERVE, less where ``--trials`` is small
-        (at least one search trial, and one verification, where two fit)."""
-        if self.trials is None:
-            return 0
-        return max(
-            min(VERIFY_RESERVE, (self.trials - self.probes) // 3), 1 if self.trials - self.probes > 1 else 0
-        )
+    limit_seconds: float | None = None
 
     def seconds_left(self) -> float:
         return math.inf if self.deadline is None else self.deadline - time.monotonic()
@@ -70,6 +37,15 @@ class Cost:
     def fits(self, seconds: float) -> bool:
         """Whether something expected to take ``seconds`` ends within the time limit."""
         return seconds <= self.seconds_left()
+
+    def why_not(self, seconds: float) -> str | None:
+        """Why something expected to take ``seconds`` cannot start (None: it fits)."""
+        if self.fits(seconds):
+            return None
+        return (
+            f"the time limit ({self.limit_seconds or 0:,.0f} s, --time-limit) leaves "
+            f"{max(self.seconds_left(), 0):,.0f} s"
+        )
 
 
 def trial_seconds(records: Iterable[TrialRecord]) -> tuple[float, float]:

@@ -132,7 +132,7 @@ class Search:
         self.headroom = headroom
         self.exhaustive = exhaustive
         self.sweep = sweep  # measure the plans without a reading in one process (autotune.search.sweep)
-        self.cost = cost or Cost(None)  # trials of every kind and seconds (autotune.search.cost)
+        self.cost = cost or Cost()  # the run's time limit (autotune.search.cost)
         self.stopped: str | None = None  # why the search stopped before ``target`` trials
         self.worker = worker or worker_id()
         self.device = str(runner.device)
@@ -195,7 +195,7 @@ class Search:
             slot = self.store.take_slot(self.name, self.target, self.worker)
             if slot is None:  # other workers are measuring the study's last trials
                 return Step.BUSY
-            self.reporter.searching(self.cost.spent(records), self.target, None)
+            self.reporter.searching(counted, self.target, None)
             step = self._sweep(*swept, records, model)
             if step is not Step.RAN:
                 self.store.forget_slot(self.name, slot)
@@ -217,14 +217,12 @@ class Search:
         if proposal is None and not (model.calibrated and model.resolved) and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
         if proposal is not None and proposal.why == REMEASURE:  # a second opinion takes no slot of --trials
-            self.reporter.searching(self.cost.spent(records), self.target, proposal.contenders)
+            self.reporter.searching(counted, self.target, proposal.contenders)
             return self._proposed(proposal)
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
             return Step.BUSY
-        self.reporter.searching(
-            self.cost.spent(records), self.target, proposal.contenders if proposal is not None else None
-        )
+        self.reporter.searching(counted, self.target, proposal.contenders if proposal is not None else None)
         step = self._proposed(proposal) if proposal is not None else self._sample(records, model)
         if step is not Step.RAN:  # nothing was measured: the slot is free again
             self.store.forget_slot(self.name, slot)
@@ -232,20 +230,11 @@ class Search:
 
     def _spent(self, records: list[TrialRecord]) -> str | None:
         """Why the search may propose no more trials (autotune.search.cost), None while it may: what is left
-        of ``--trials`` or of the time limit is the verification's. The first reading is always taken."""
+        of the time limit is the verification's. The first reading is always taken."""
         if not any(r.kind is TrialKind.MEASURED and r.measured for r in records):
             return None
-        cost = self.cost
-        left = cost.left(records)
-        if left <= cost.reserve():
-            kept = f"the {left} it leaves" if left else "none left"
-            return f"--trials {cost.trials} counts every trial, the verifications' too: {kept} for the verification"
-        if not cost.fits(search_seconds(records) + verification_seconds(records)):
-            return (
-                f"the time limit ({cost.limit_seconds:,.0f} s, --time-limit) leaves {max(cost.seconds_left(), 0):,.0f} s, "
-                "kept for the verification"
-            )
-        return None
+        why = self.cost.why_not(search_seconds(records) + verification_seconds(records))
+        return f"{why}, kept for the verification" if why is not None else None
 
     def _stop(self, reason: str, counted: int) -> None:
         if self.stopped is None:

@@ -137,8 +137,8 @@ def resolve(
     runner: Runner = (
         TrialRunner(
             spec.command, spec.backend, device, make_meter(device, nvml), spec.settings,
-            cache_dir(spec.cache_dir), environ, stop, limit.budget_bytes, shield, host_budget_of(spec.host_budget),
-            spec.warm, reporter.note,
+            cache_dir(spec.cache_dir), environ, limit.budget_bytes, host_budget_of(spec.host_budget),
+            stop=stop, shield=shield, warm=spec.warm, say=reporter.note,
         )
         if executor is None
         else executor.runner(device, limit.budget_bytes, stop, shield)

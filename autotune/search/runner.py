@@ -6,22 +6,18 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from autotune.backends import parse_backend_plan
-from autotune.core.plans import Backend
 from autotune.hardware.devices import Device
-from autotune.hardware.meters import MemoryMeter
-from autotune.trials.command import TrialCommand
 from autotune.trials.interrupts import InterruptShield, StopRequested
-from autotune.trials.measurement import run_trial
+from autotune.trials.measurement import TrialJob, run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
-from autotune.trials.warm import TrialJob, WarmTrials, Watch
+from autotune.trials.warm import WarmTrials, Watch
 
 
 class Runner(Protocol):
@@ -76,21 +72,13 @@ class Executor(Protocol):
 
 
 @dataclass(frozen=True)
-class TrialRunner:
-    """Runs ``command`` at a batch size and plan on ``device``, metered, files under ``root``. One meter
-    serves every trial of the runner (it is reset at each start)."""
+class TrialRunner(TrialJob):
+    """Runs the job's command at a batch size and plan on its device, metered, files under its root; the
+    job's ``ceiling`` is the budget (not the probe's). One meter serves every trial of the runner (it is
+    reset at each start)."""
 
-    command: TrialCommand
-    backend: Backend
-    device: Device
-    meter: MemoryMeter
-    settings: TrialSettings
-    root: Path
-    environ: Mapping[str, str]
     stop: threading.Event | None = None  # a stopping worker: trials are stopped and raise StopRequested
-    ceiling: int | None = None  # the budget: a trial passing it is stopped at once (not the probe's)
     shield: InterruptShield | None = None  # the tuner's Ctrl-C shield: trials run inside its allow()
-    host_budget: int | None = None  # bytes of host memory a trial may hold (autotune.hardware.host)
     # one process measures configuration after configuration where it can (autotune.trials.warm); ``say``
     # tells the run why, once, where it cannot go on so
     warm: bool = False
@@ -99,11 +87,7 @@ class TrialRunner:
 
     def __post_init__(self) -> None:
         if self.warm:
-            job = TrialJob(
-                self.command, self.backend, self.device, self.meter, self.settings, self.root, self.environ,
-                self.ceiling, self.host_budget,
-            )  # fmt: skip
-            object.__setattr__(self, "_warm", WarmTrials(job, self.say))
+            object.__setattr__(self, "_warm", WarmTrials(self, self.say))
 
     def __call__(
         self,

@@ -22,7 +22,6 @@ dead verifier's is run once more by another (the readings already stored count),
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -171,25 +170,16 @@ def _fits(search: Search, lease: Lease, config: Configuration, settings: TrialSe
 def _unaffordable(search: Search, runs: int = 1) -> str | None:
     """Why the run cannot pay for ``runs`` more verification trials (autotune.search.cost), None while it
     can."""
-    records = records_of(search.study)
-    cost = search.cost
-    if cost.left(records) < runs:
-        return f"--trials {cost.trials} spent (every kind of trial counts)"
-    if not cost.fits(runs * verification_seconds(records)):
-        return f"the time limit ({cost.limit_seconds:,.0f} s, --time-limit) leaves too little for another"
-    return None
+    return search.cost.why_not(runs * verification_seconds(records_of(search.study)))
 
 
 def _within_cost(search: Search, contenders: list[Configuration]) -> tuple[list[Configuration], int]:
     """The contenders and the rounds the run can pay for: whole rounds only (readings compared are taken
     side by side, never a leader's new reading against a rival's search one), fewer rounds first, then
     fewer rivals (the likeliest kept), said where it cuts."""
-    records = records_of(search.study)
-    left = search.cost.left(records)
-    seconds = search.cost.seconds_left() / verification_seconds(records)
-    if min(left, seconds) == math.inf:
+    if search.cost.deadline is None:
         return contenders, ROUNDS
-    runs = int(min(left, seconds))
+    runs = int(search.cost.seconds_left() // verification_seconds(records_of(search.study)))
     kept = contenders[: max(min(len(contenders), runs), 1)]
     rounds = max(min(ROUNDS, runs // len(kept)), 1)
     if (len(kept), rounds) != (len(contenders), ROUNDS):
@@ -352,6 +342,7 @@ def _dominates(config: Configuration, other: Configuration) -> bool:
 def _store(search: Search, lease: Lease, config: Configuration, records: list[TrialRecord]) -> BestRow:
     speed = _readings(records)[config]
     every, records = records, [r for r in records if (r.batch_size, r.plan) == config]
+    out = noise.overruled(every)  # readings the speed left out
     trial = best_record(records, search.limit)
     assert trial is not None  # a contender has a fitting trial
     checks = [r for r in records if r.kind is TrialKind.VERIFICATION and r.outcome is not None]
@@ -368,7 +359,7 @@ def _store(search: Search, lease: Lease, config: Configuration, records: list[Tr
         speed.mid,
         speed.low,
         speed.high,
-        len([r for r in records if r.samples_per_sec and r.number not in noise.overruled(every)]),
+        len([r for r in records if r.samples_per_sec and r.number not in out]),
         noise.certainty(every, config),
     )
     search.store.save_best(best)
@@ -420,7 +411,6 @@ def _run_verification(
     }.items():
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
-    search.reporter.searching(search.cost.spent(records_of(search.study)), search.target, None)
     search.reporter.trial_started(trial.number, batch, plan, note)
     try:
         result = search.runner(

@@ -149,6 +149,22 @@ def measure(
     return dataclasses.replace(result, budget_bytes=budget_bytes)
 
 
+@dataclass(frozen=True)
+class TrialJob:
+    """What every trial of a job shares: the command, where it runs, how it is measured and stopped (the
+    budget as its ceiling, the host budget)."""
+
+    command: TrialCommand
+    backend: Backend
+    device: Device
+    meter: MemoryMeter
+    settings: TrialSettings
+    root: Path
+    environ: Mapping[str, str]
+    ceiling: int | None = None
+    host_budget: int | None = None
+
+
 def run_trial(
     command: TrialCommand,
     batch_size: int,
@@ -197,8 +213,10 @@ def run_trial(
     watch = RankWatch(workdir / "progress.json")
     launch = dataclasses.replace(
         trial_launch(
-            command.argv(batch_size, grad_accum), request, workdir, device, environ, command, backend, root,
-            settings, ceiling, host_budget,
+            command.argv(batch_size, grad_accum),
+            request,
+            workdir,
+            TrialJob(command, backend, device, meter, settings, root, environ, ceiling, host_budget),
         ),
         ranks=watch if command.launcher else None,
         ended=lambda: rank_failed(request.report_path),
@@ -362,22 +380,13 @@ def trial_request(
 
 
 def trial_launch(
-    argv: list[str],
-    request: TrialRequest,
-    workdir: Path,
-    device: Device,
-    environ: Mapping[str, str],
-    command: TrialCommand,
-    backend: Backend,
-    root: Path,
-    settings: TrialSettings,
-    ceiling: int | None,
-    host_budget: int | None,
-    request_file: Path | None = None,
+    argv: list[str], request: TrialRequest, workdir: Path, job: TrialJob, request_file: Path | None = None
 ) -> Launch:
-    """How to start a trial process for ``request`` (``request_file``: where it is written, default
-    ``workdir/request.json``): its command line and environment, its timeouts, its ceiling and host budget."""
-    env = trial_env(request, workdir, device, environ, command, backend, root, request_file)
+    """How to start a trial process of ``job`` for ``request`` (``request_file``: where it is written,
+    default ``workdir/request.json``): its command line and environment, its timeouts, its ceiling and host
+    budget."""
+    command, settings = job.command, job.settings
+    env = trial_env(request, workdir, job.device, job.environ, command, job.backend, job.root, request_file)
     return Launch(
         argv=tuple(argv),
         env=command.env(env),
@@ -387,8 +396,8 @@ def trial_launch(
         timeout=settings.timeout,
         grace=settings.grace,
         cwd=Path(command.cwd) if command.cwd else None,
-        ceiling=ceiling,
-        host_budget=host_budget if host_budget is not None else default_host_budget(),
+        ceiling=job.ceiling,
+        host_budget=job.host_budget if job.host_budget is not None else default_host_budget(),
         log_limit=settings.log_limit,
     )
 

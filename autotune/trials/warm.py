@@ -43,7 +43,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,13 +67,11 @@ from autotune.core.protocol import (
     read_position,
     warm_file,
 )
-from autotune.hardware.devices import Device
 from autotune.hardware.host import mib
 from autotune.hardware.load import LoadSnapshot
-from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading
-from autotune.trials.command import TrialCommand
+from autotune.hardware.meters import HOST_METHODS, MemoryReading
 from autotune.trials.launcher import Launch, ProcessExit, Stage, TrialProcess, tail
-from autotune.trials.measurement import read_report, trial_launch, trial_request, trial_result
+from autotune.trials.measurement import TrialJob, read_report, trial_launch, trial_request, trial_result
 from autotune.trials.result import TrialResult, classify
 from autotune.trials.settings import TrialSettings
 
@@ -100,21 +98,6 @@ class Watch:
 
 
 NO_WATCH = Watch()
-
-
-@dataclass(frozen=True)
-class TrialJob:
-    """What every trial of a runner shares: the command, where it runs and how it is measured."""
-
-    command: TrialCommand
-    backend: Backend
-    device: Device
-    meter: MemoryMeter
-    settings: TrialSettings
-    root: Path
-    environ: Mapping[str, str]
-    ceiling: int | None = None
-    host_budget: int | None = None
 
 
 def split_harness(argv: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
@@ -261,12 +244,9 @@ class WarmProcess:
         return max(self.job.ceiling - self.outside, 1)
 
     def _launch(self, argv: list[str], request: TrialRequest, run: int) -> Launch:
-        job, folder = self.job, self.folder
+        folder = self.folder
         assert folder is not None
-        return trial_launch(
-            argv, request, folder, job.device, job.environ, job.command, job.backend, job.root, job.settings,
-            job.ceiling, job.host_budget, warm_file(folder, "request", run),
-        )  # fmt: skip
+        return trial_launch(argv, request, folder, self.job, warm_file(folder, "request", run))
 
     def _position(self) -> tuple[int, str | None]:
         """Where the configuration being measured is (the meter files each sample under it)."""

@@ -105,7 +105,7 @@ def _tune_on(
     if job.store.submit_job(row).signature != row.signature:
         job.store.replace_job(row)  # an earlier run's job, or one submitted with another key: this run's now
     job.store.set_job_state(name, JobState.RUNNING)
-    search = job.search(study, reporter, worker, _cost(spec, job.probes_run, started, resolved, study))
+    search = job.search(study, reporter, worker, _cost(spec, started, resolved, study))
     if recovered := search.recovery.recover():
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
@@ -141,15 +141,13 @@ def _tune_on(
     )
 
 
-def _cost(spec: TuneSpec, probes: int, started: float, resolved: float, study: optuna.Study) -> Cost:
-    """What this run may spend (autotune.search.cost): ``--time-limit`` (its default from what the probe
-    took) from the run's start. ``--trials`` still counts the search's trials (Search.target): the ceiling
-    over every kind (Cost.trials) is built and tested but not yet the CLI's, see issue 42's note."""
+def _cost(spec: TuneSpec, started: float, resolved: float, study: optuna.Study) -> Cost:
+    """This run's ``--time-limit`` from its start (autotune.search.cost; the default from what the probe
+    took)."""
     seconds = spec.time_limit
     if seconds is None:
         seconds = default_limit(resolved - started, records_of(study))
-    deadline = started + seconds if seconds else None
-    return Cost(None, probes, deadline, seconds or None)
+    return Cost(started + seconds, seconds) if seconds else Cost()
 
 
 @contextlib.contextmanager

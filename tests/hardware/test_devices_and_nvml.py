@@ -434,7 +434,8 @@ def test_a_warm_process_on_a_gpu_is_stopped_at_the_budget_by_its_allocator_and_g
     from autotune.core.plans import Backend, Plan
     from autotune.hardware.meters import make_meter
     from autotune.hardware.nvml import load_nvml
-    from autotune.trials.warm import TrialJob, WarmProcess
+    from autotune.trials.measurement import TrialJob
+    from autotune.trials.warm import WarmProcess
 
     _real_nvml()
     script = tmp_path / "cuda_batches.py"

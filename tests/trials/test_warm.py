@@ -18,10 +18,10 @@ from autotune.hardware.devices import cpu_device, resolve_device
 from autotune.hardware.meters import RssMeter, make_meter
 from autotune.search.runner import TrialRunner
 from autotune.trials.command import TrialCommand
-from autotune.trials.measurement import run_trial
+from autotune.trials.measurement import TrialJob, run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
-from autotune.trials.warm import TrialJob, WarmProcess, WarmTrials, capped
+from autotune.trials.warm import WarmProcess, WarmTrials, capped
 
 from conftest import ROOT, SCRIPTS, SYNTHETIC
 from fake_nvml import FakeGpu, FakeNvml
