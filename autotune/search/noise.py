@@ -91,17 +91,14 @@ def overruled(records: Iterable[TrialRecord]) -> set[int]:
     verification readings, pooled, contradict (:func:`disagree`): they stand for a moment of the machine's
     load, not for the configuration."""
     records = list(records)
-    checked: dict[Configuration, list[Interval]] = {}
-    for r in records:
-        if r.kind is TrialKind.VERIFICATION and r.outcome is Outcome.COMPLETE and r.throughput is not None:
-            checked.setdefault((r.batch_size, r.plan), []).append(r.throughput)  # type: ignore[arg-type]
-    out = set()
-    for config, side_by_side in checked.items():
-        verified = pooled(side_by_side)
-        assert verified is not None  # one reading at least
-        for r in readings(records, config):
-            if r.kind is not TrialKind.VERIFICATION and disagree([r.throughput, verified]):  # type: ignore[list-item]
-                out.add(r.number)
+    out: set[int] = set()
+    for config in {r.config for r in records if r.kind is TrialKind.VERIFICATION and r.config is not None}:
+        rs = readings(records, config)
+        verified = pooled(_intervals([r for r in rs if r.kind is TrialKind.VERIFICATION]))
+        if verified is None:  # no verification completed
+            continue
+        searched = [r for r in rs if r.kind is not TrialKind.VERIFICATION]
+        out |= {r.number for r in searched if disagree([*_intervals([r]), verified])}
     return out
 
 
