@@ -2,7 +2,7 @@
 neighbour burning a core in bursts (bench/robustness.py's Neighbour), interleaved and repeated: each run's
 wall seconds, stages, processes and answer. Issue 41's goal: <= 30 s quiet, <= 2x the quiet time loaded.
 
-    python bench/demo_time.py [--repeat 3] [--warm | --no-warm] [--out bench/results/demo-time-cpu.txt]
+    python bench/demo_time.py [--repeat 3] [--neighbours 1] [--warm | --no-warm] [--out bench/results/demo-time-cpu.txt]
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--neighbours", type=int, default=1, help="bursting neighbours in the loaded runs")
     parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     lines = [header("demo_time.py")]
     walls: dict[str, list[float]] = {"quiet": [], "loaded": []}
-    for r, condition in quiet_and_loaded(args.repeat):
+    for r, condition in quiet_and_loaded(args.repeat, count=args.neighbours):
         result = once(args.warm)
         walls[condition].append(result["wall"])
         lines.append(f"{condition:7} run {r + 1}: {json.dumps(result)}")

@@ -153,17 +153,18 @@ def finish(lines: list[str], out: Path | None) -> None:
         out.write_text(text)
 
 
-def quiet_and_loaded(repeat: int, settle: float = 0.0) -> Iterator[tuple[int, str]]:
-    """(round, "quiet"), then (round, "loaded") with a Neighbour bursting (after ``settle`` seconds) while the
-    loop's body runs, ``repeat`` rounds: the two conditions interleaved."""
+def quiet_and_loaded(repeat: int, settle: float = 0.0, count: int = 1) -> Iterator[tuple[int, str]]:
+    """(round, "quiet"), then (round, "loaded") with ``count`` Neighbours bursting (after ``settle`` seconds)
+    while the loop's body runs, ``repeat`` rounds: the two conditions interleaved."""
     for r in range(repeat):
         yield r, "quiet"
-        neighbour = Neighbour(seed=r)
+        load = [Neighbour(seed=r * 10 + i) for i in range(count)]
         try:
             time.sleep(settle)
             yield r, "loaded"
         finally:
-            neighbour.stop()
+            for neighbour in load:
+                neighbour.stop()
 
 
 def neighbours(condition: str, seed: int) -> list[Neighbour]:
