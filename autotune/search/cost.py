@@ -11,6 +11,7 @@ On a busy 2-core machine the demo took 329 s and 767 s to answer with no bound b
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,29 +50,43 @@ class Cost:
 
 
 def trial_seconds(records: Iterable[TrialRecord]) -> tuple[float, float]:
-    """From the study's timed trials: the longest start-up (launch to the end of the first step) and the
-    longest measured steps of a search trial (0, 0 before any)."""
+    """From the study's timed search trials: the median start-up of a process (launch to the end of its first
+    step; a warm process's later configurations start in less) and the median measured steps (0, 0 before
+    any). Medians, not the longest: on a busy machine the longest readings of the demo (6.7 s starting, 12.6 s
+    measuring) priced a verification at 72 s where each took 13 s, and cut its rivals."""
     timed = [r for r in records if r.kind is TrialKind.MEASURED and r.startup_seconds is not None]
-    startup = max((r.startup_seconds or 0.0 for r in timed), default=0.0)
-    measured = max((r.measured_seconds or 0.0 for r in timed), default=0.0)
+    fresh = [r.startup_seconds or 0.0 for r in timed if r.warm_run in (None, 1)]
+    startup = statistics.median(fresh) if fresh else 0.0
+    measured = statistics.median(r.measured_seconds or 0.0 for r in timed) if timed else 0.0
     return startup, measured
 
 
 def verification_seconds(records: Iterable[TrialRecord]) -> float:
-    """What one verification is expected to take: a fresh process's start-up and VERIFY_FACTOR times a
-    search trial's measured steps, with SLACK for what the tuner does around it (its records, a slow start)."""
+    """What one verification is expected to take: the median of the study's verifications, else a fresh
+    process's start-up and VERIFY_FACTOR times a search trial's measured steps; with SLACK for what the
+    tuner does around it (its records, a slow start)."""
+    records = list(records)
+    done = [
+        r.startup_seconds + r.measured_seconds
+        for r in records
+        if r.kind is TrialKind.VERIFICATION
+        and r.startup_seconds is not None
+        and r.measured_seconds is not None
+    ]
+    if done:
+        return SLACK * statistics.median(done) + SLACK_SECONDS
     startup, measured = trial_seconds(records)
     return SLACK * (startup + VERIFY_FACTOR * measured) + SLACK_SECONDS
 
 
 def search_seconds(records: Iterable[TrialRecord]) -> float:
-    """What one more search trial is expected to take, at most (a warm one starts in less)."""
+    """What one more search trial is expected to take (a warm one starts in less)."""
     startup, measured = trial_seconds(records)
     return SLACK * (startup + measured) + SLACK_SECONDS
 
 
 def default_limit(probe_seconds: float, records: Iterable[TrialRecord]) -> float:
     """The time limit where the user gave none: DEFAULT_SECONDS, or DEFAULT_PROBES times the probe (or,
-    where it was stored, the study's longest trial), whichever is longer."""
+    where it was stored, a trial of the study (its median)), whichever is longer."""
     startup, measured = trial_seconds(records)
     return max(DEFAULT_SECONDS, DEFAULT_PROBES * max(probe_seconds, startup + measured))
