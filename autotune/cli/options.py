@@ -248,9 +248,9 @@ def search_options(command: F) -> F:
                 "--time-limit",
                 callback=_seconds,
                 metavar="SECONDS",
-                help="The most wall-clock time the run takes to its answer (90, 5m, 1h): the search stops "
-                "proposing while the verification still fits, and says so. Default: 3 minutes, or 10 times "
-                "the probe, whichever is longer; 0: none.",
+                help="The wall-clock time the run plans its answer within (90, 5m, 1h): the search stops "
+                "proposing while the verification still fits, and says so; a trial already running is not "
+                "cut short. Default: 3 minutes, or 10 times the probe, whichever is longer; 0: none.",
             ),
             click.option(
                 "--batch-sizes",
