@@ -28,7 +28,7 @@ def spec(cache: Path, budget: str = "290MiB", **options: object) -> autotune.Tun
         budget,
         batch_sizes="1-64",
         plans=["none;A"],
-        trials=4,
+        trials=6,  # the probe's run, 4 search trials, the verification's 1
         settings=QUICK,
         device="cpu",
         cache_dir=cache,

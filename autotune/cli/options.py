@@ -13,7 +13,7 @@ import click
 from autotune.core.budget import DEFAULT_HEADROOM, parse_budget
 from autotune.core.errors import InputError
 from autotune.core.protocol import STORAGE_ENV
-from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
+from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS, MIN_TRIALS
 from autotune.trials.settings import TrialSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -237,12 +237,13 @@ def search_options(command: F) -> F:
             ),
             click.option(
                 "--trials",
-                type=click.IntRange(min=1),
+                type=click.IntRange(min=MIN_TRIALS),
                 default=DEFAULT_TRIALS,
                 show_default=True,
-                help="The most trials the study may hold (counted over resumed runs and all workers; "
-                "a re-measurement of a configuration a busy machine disturbed is not counted); "
-                "the search stops sooner once nothing left can beat its best.",
+                help="The most trial runs the run starts, of every kind: the probe, the search's trials, "
+                "their re-measurements and the verification (the search leaves the verification its "
+                "share); the search stops sooner once nothing left can beat its best. A submitted job's "
+                "workers hold its study to this many search trials.",
             ),
             click.option(
                 "--time-limit",

@@ -125,22 +125,22 @@ def speed_text(speed: Interval, readings: int | None) -> str:
 
 
 def trials_text(records: Sequence[TrialRecord], new: int) -> str:
-    """What the trial counts are: ``4 configurations measured, counted toward --trials; 4 re-measurements of
-    the leaders, to verify the winner; 5 of the measurements (the probe included) ran in this run``."""
+    """What the trials were: ``4 configurations measured; 4 re-measurements of the leaders, to verify the
+    winner; 9 trial runs (the probe's included) in this run, each counted toward --trials``."""
     counted = sum(r.counted for r in records)
     second = sum(r.remeasured and r.outcome is not None for r in records)
     again = sum(r.kind is TrialKind.VERIFICATION for r in records)
     warm = sum(r.kind is TrialKind.WARM_START for r in records)
-    parts = [f"{counted} configurations measured, counted toward --trials"]
+    parts = [f"{counted} configurations measured"]
     if second:
-        parts.append(
-            f"{second} measured again because their readings disagreed or a busy machine took them (not counted)"
-        )
+        parts.append(f"{second} measured again because their readings disagreed or a busy machine took them")
     if again:
         parts.append(f"{again} re-measurement{'s' if again > 1 else ''} of the leaders, to verify the winner")
     if warm:
-        parts.append(f"{warm} taken from the studies of other budgets")
-    parts.append(f"{new} of the measurements (the probe included) ran in this run")
+        parts.append(f"{warm} taken from the studies of other budgets (not run)")
+    parts.append(
+        f"{new} trial run{'s' if new != 1 else ''} (the probe's included) in this run, each counted toward --trials"
+    )
     return "; ".join(parts)
 
 

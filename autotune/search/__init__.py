@@ -8,5 +8,8 @@
 """
 
 # Read by the CLI at start-up, which must not import the search itself.
-DEFAULT_TRIALS = 16  # trials a study holds unless --trials says otherwise
+DEFAULT_TRIALS = (
+    16  # trial runs a run starts (and search trials a study holds) unless --trials says otherwise
+)
+MIN_TRIALS = 2  # the least --trials a run answers within: its probe and one trial (answered unverified)
 DEFAULT_SEED = 0  # the sampler's seed: the same job proposes the same configurations

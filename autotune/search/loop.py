@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import math
 import time
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import TrialState
@@ -43,7 +44,7 @@ from autotune.core.protocol import Outcome
 from autotune.leases.identity import worker_id
 from autotune.leases.watch import DEFAULT_GRACE_SECONDS
 from autotune.search.calibration import hopeless
-from autotune.search.cost import Cost, search_seconds, verification_seconds
+from autotune.search.cost import Cost
 from autotune.search.memory_model import MemoryModel
 from autotune.search.noise import REMEASURE_ATTEMPT
 from autotune.search.optuna_trials import (
@@ -132,7 +133,7 @@ class Search:
         self.headroom = headroom
         self.exhaustive = exhaustive
         self.sweep = sweep  # measure the plans without a reading in one process (autotune.search.sweep)
-        self.cost = cost or Cost()  # the run's time limit (autotune.search.cost)
+        self.cost = cost or Cost()  # what the run may spend: trial runs, time (autotune.search.cost)
         self.stopped: str | None = None  # why the search stopped before ``target`` trials
         self.worker = worker or worker_id()
         self.device = str(runner.device)
@@ -163,22 +164,16 @@ class Search:
                 time.sleep(poll_seconds)
 
     def step(self) -> Step:
-        """One round: a queued lease, else the model's proposal, else the sampler's."""
+        """One round: a queued lease, else the model's proposal, else the sampler's. Each trial run is paid
+        for from the run's cost before it starts (``_paid``), and refunded where nothing ran."""
         self.shield.check()  # a Ctrl-C between trials: nothing is asked yet, nothing to clean up
         self.recovery.recover()
-        lease = self.store.take_queued(self.name, self.worker, self.device, kinds=(LeaseKind.TRIAL,))
-        if lease is not None:
-            self._run_lease(
-                self.taken_lease(lease), ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED
-            )
+        if self._queued_lease():
             return Step.RAN
         records = records_of(self.study)
         leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
         busy = any(lease.state in (LeaseState.RUNNING, LeaseState.QUEUED) for lease in leases)
         counted = sum(r.counted for r in records)
-        if (spent := self._spent(records)) is not None:
-            self._stop(f"stopped after {counted} trials: {spent}", counted)
-            return Step.BUSY if busy else Step.FINISHED
         if counted >= self.target or self.misses >= MAX_MISSES:
             if self.misses >= MAX_MISSES:
                 self._stop(
@@ -192,14 +187,7 @@ class Search:
         self._check_hopeless(records, model)
         taken = {Configuration(x.batch_size, x.plan) for x in leases}
         if self.sweep and (swept := sweep_of(records, model, self.space, self.limit, taken)) is not None:
-            slot = self.store.take_slot(self.name, self.target, self.worker)
-            if slot is None:  # other workers are measuring the study's last trials
-                return Step.BUSY
-            self.reporter.searching(counted, self.target, None)
-            step = self._sweep(*swept, records, model)
-            if step is not Step.RAN:
-                self.store.forget_slot(self.name, slot)
-            return step
+            return self._paid(records, lambda: self._sweep_slot(swept, records, model, counted))
         speed = speed_of(records, self.forward_shares, self.transfer)
         proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
         if proposal is None and self.misses >= DIRECT_AFTER:  # the sampler repeats itself
@@ -216,31 +204,81 @@ class Search:
             return Step.FINISHED
         if proposal is None and not (model.calibrated and model.resolved) and busy:
             return Step.BUSY  # other workers are measuring the calibration trials: wait for their peaks
-        if proposal is not None and proposal.why == REMEASURE:  # a second opinion takes no slot of --trials
-            self.reporter.searching(counted, self.target, proposal.contenders)
+        return self._paid(records, lambda: self._propose_slot(proposal, records, model, counted))
+
+    def _queued_lease(self) -> bool:
+        """Run a queued lease (a dead worker's trial, or one a stopping worker released), if one is queued
+        and the run can pay for it; whether one ran. One it cannot pay for is left to a later run or a
+        worker."""
+        if not self.cost.take_run():
+            return False
+        lease = self.store.take_queued(self.name, self.worker, self.device, kinds=(LeaseKind.TRIAL,))
+        if lease is None:
+            self.cost.refund()
+            return False
+        self._progress(sum(r.counted for r in records_of(self.study)), None)
+        self._run_lease(self.taken_lease(lease), ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED)
+        return True
+
+    def _sweep_slot(
+        self, swept: tuple[int, list[str]], records: list[TrialRecord], model: MemoryModel, counted: int
+    ) -> Step:
+        slot = self.store.take_slot(self.name, self.target, self.worker)
+        if slot is None:  # other workers are measuring the study's last trials
+            return Step.BUSY
+        self._progress(counted, None)
+        step = self._sweep(*swept, records, model)
+        if step is not Step.RAN:
+            self.store.forget_slot(self.name, slot)
+        return step
+
+    def _propose_slot(
+        self, proposal: Proposal | None, records: list[TrialRecord], model: MemoryModel, counted: int
+    ) -> Step:
+        if proposal is not None and proposal.why == REMEASURE:  # a second opinion takes no slot of the study
+            self._progress(counted, proposal.contenders)
             return self._proposed(proposal)
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
             return Step.BUSY
-        self.reporter.searching(counted, self.target, proposal.contenders if proposal is not None else None)
+        self._progress(counted, proposal.contenders if proposal is not None else None)
         step = self._proposed(proposal) if proposal is not None else self._sample(records, model)
         if step is not Step.RAN:  # nothing was measured: the slot is free again
             self.store.forget_slot(self.name, slot)
         return step
 
-    def _spent(self, records: list[TrialRecord]) -> str | None:
-        """Why the search may propose no more trials (autotune.search.cost), None while it may: what is left
-        of the time limit is the verification's. The first reading is always taken."""
-        if not any(r.kind is TrialKind.MEASURED and r.measured for r in records):
-            return None
-        why = self.cost.why_not(search_seconds(records) + verification_seconds(records))
-        return f"{why}, kept for the verification" if why is not None else None
+    def _paid(self, records: list[TrialRecord], start: Callable[[], Step]) -> Step:
+        """``start`` a trial run paid for from the run's cost (autotune.search.cost), refunded where it ran
+        nothing; where what is left of --trials or --time-limit is the verification's, the search's end,
+        said once. Other workers' running trials are then waited for (they may raise the incumbent); queued
+        ones are left to them or to a later run."""
+        spent = self.cost.take(records)
+        if spent is not None:
+            counted = sum(r.counted for r in records)
+            self._stop(f"stopped after {counted} trials: {spent}", counted)
+            leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
+            return Step.BUSY if any(x.state is LeaseState.RUNNING for x in leases) else Step.FINISHED
+        step = Step.MISSED
+        try:
+            step = start()
+        finally:
+            if step is not Step.RAN:
+                self.cost.refund()
+        return step
+
+    def _progress(self, counted: int, contenders: int | None) -> None:
+        """The status line's count: this run's trial runs against --trials where the run has that ceiling
+        (each said as it is spent), else the study's counted trials against its target (a worker's)."""
+        if self.cost.trials is not None:
+            self.reporter.searching(self.cost.spent, self.cost.trials, contenders)
+        else:
+            self.reporter.searching(counted, self.target, contenders)
 
     def _stop(self, reason: str, counted: int) -> None:
         if self.stopped is None:
             self.stopped = reason
             self.reporter.note(reason)
-            self.reporter.searching(counted, self.target, 0)
+            self._progress(counted, 0)
 
     def _note_host_caps(self, model: MemoryModel) -> None:
         """Say once per plan where the host budget caps an offload plan's batch sizes (issue 31: an offload

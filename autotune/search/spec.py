@@ -17,7 +17,7 @@ from autotune.core.errors import InputError
 from autotune.core.names import check_study_name
 from autotune.core.paths import cache_dir, default_storage_url
 from autotune.core.plans import Backend
-from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS
+from autotune.search import DEFAULT_SEED, DEFAULT_TRIALS, MIN_TRIALS
 from autotune.search.records import TrialRecord
 from autotune.search.space import micro_batch_sizes, parse_batch_sizes, parse_plan_list
 from autotune.storage import BestRow
@@ -37,7 +37,9 @@ class TuneSpec:
     budget: Budget
     """The memory the winner's measured peak must fit (less ``headroom``)."""
     trials: int = DEFAULT_TRIALS
-    """The most measured trials the study may hold (over resumed runs and every worker)."""
+    """The most trial runs ``autotune run`` starts, of every kind: its probe, the search's trials, their
+    re-measurements and the verifications (autotune.search.cost); and the most search trials the study holds
+    (over resumed runs and every worker)."""
     batch_sizes: tuple[int, ...] = field(default_factory=lambda: parse_batch_sizes(None))
     """The batch sizes searched (with ``global_batch``: micro-batches dividing it)."""
     plans: tuple[str, ...] | None = None
@@ -96,8 +98,10 @@ class TuneSpec:
     peak is read at this length from the per-token memory the trials measured (autotune.search.longest)."""
 
     def __post_init__(self) -> None:
-        if self.trials < 1:
-            raise InputError(f"--trials must be at least 1, got {self.trials}")
+        if self.trials < MIN_TRIALS:
+            raise InputError(
+                f"--trials must be at least {MIN_TRIALS} (the probe, then one trial), got {self.trials}"
+            )
         if self.time_limit is not None and not self.time_limit >= 0:
             raise InputError(f"--time-limit must be 0 (none) or more seconds, got {self.time_limit:g}")
         check_headroom(self.headroom)

@@ -22,6 +22,7 @@ dead verifier's is run once more by another (the readings already stored count),
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -29,7 +30,6 @@ from autotune.core.budget import format_bytes
 from autotune.core.errors import NoFitError, StorageFault, TrialLost
 from autotune.core.stats import Interval
 from autotune.search import noise
-from autotune.search.cost import verification_seconds
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, model_of, speed_of
@@ -168,20 +168,26 @@ def _fits(search: Search, lease: Lease, config: Configuration, settings: TrialSe
 
 
 def _unaffordable(search: Search, runs: int = 1) -> str | None:
-    """Why the run cannot pay for ``runs`` more verification trials (autotune.search.cost), None while it
+    """Why the run cannot pay for ``runs`` more verification runs (autotune.search.cost), None while it
     can."""
-    return search.cost.why_not(runs * verification_seconds(records_of(search.study)))
+    return search.cost.unaffordable(records_of(search.study), runs)
 
 
 def _within_cost(search: Search, contenders: list[Configuration]) -> tuple[list[Configuration], int]:
     """The contenders and the rounds the run can pay for: whole rounds only (readings compared are taken
     side by side, never a leader's new reading against a rival's search one), fewer rounds first, then
     fewer rivals (the likeliest kept), said where it cuts."""
-    if search.cost.deadline is None:
+    runs = search.cost.verifications(records_of(search.study))
+    if runs == math.inf:
         return contenders, ROUNDS
-    runs = int(search.cost.seconds_left() // verification_seconds(records_of(search.study)))
-    kept = contenders[: max(min(len(contenders), runs), 1)]
-    rounds = max(min(ROUNDS, runs // len(kept)), 1)
+    if runs < 1:  # chosen from the readings at hand: the verifications' (pooled), the search's they allow
+        why = _unaffordable(search) or "what is left"
+        search.reporter.note(
+            f"the verification measures none of the {len(contenders)} contenders again: {why}"
+        )
+        return contenders, 0
+    kept = contenders[: max(min(len(contenders), int(runs)), 1)]
+    rounds = max(min(ROUNDS, int(runs) // len(kept)), 1)
     if (len(kept), rounds) != (len(contenders), ROUNDS):
         why = _unaffordable(search, len(contenders) * ROUNDS) or "what is left"
         search.reporter.note(
@@ -411,6 +417,9 @@ def _run_verification(
     }.items():
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
+    search.cost.spend()
+    if search.cost.trials is not None:  # the status line: this run's trial runs against --trials
+        search.reporter.searching(search.cost.spent, search.cost.trials, None)
     search.reporter.trial_started(trial.number, batch, plan, note)
     try:
         result = search.runner(
@@ -433,7 +442,7 @@ def _run_verification(
         raise
     except TrialLost as e:
         fail_trial(search.study, trial.number, f"interrupted: {e}" + ("" if retried else "; retried once"))
-        if retried:
+        if retried or search.cost.trials_left() < 1:
             search.store.forget_lease(lease.id)
             raise
         search.reporter.note(f"verification trial {trial.number} interrupted: {e}; retried once")

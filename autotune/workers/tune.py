@@ -105,7 +105,8 @@ def _tune_on(
     if job.store.submit_job(row).signature != row.signature:
         job.store.replace_job(row)  # an earlier run's job, or one submitted with another key: this run's now
     job.store.set_job_state(name, JobState.RUNNING)
-    search = job.search(study, reporter, worker, _cost(spec, started, resolved, study))
+    cost = _cost(spec, job.probes_run, started, resolved, study)
+    search = job.search(study, reporter, worker, cost)
     if recovered := search.recovery.recover():
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
@@ -114,7 +115,7 @@ def _tune_on(
     with (
         Heartbeat(job.store, worker),
         _helping(spec, name, helpers, env, reporter, nvml, key),
-        _slots(job, cluster, spec, reporter, worker),
+        _slots(job, cluster, spec, reporter, worker, cost),
     ):
         try:
             searching = time.monotonic()
@@ -136,18 +137,18 @@ def _tune_on(
         ("search", verifying - searching),
         ("verification", verified - verifying),
     )
-    return dataclasses.replace(
-        job.result(best, study, search.trials_run + job.probes_run, stopped), stages=stages
-    )
+    return dataclasses.replace(job.result(best, study, cost.spent, stopped), stages=stages)
 
 
-def _cost(spec: TuneSpec, started: float, resolved: float, study: optuna.Study) -> Cost:
-    """This run's ``--time-limit`` from its start (autotune.search.cost; the default from what the probe
+def _cost(spec: TuneSpec, probes: int, started: float, resolved: float, study: optuna.Study) -> Cost:
+    """What this run may spend (autotune.search.cost): ``--trials`` trial runs of every kind, its probe's
+    included (``probes``), and ``--time-limit`` from the run's start (its default from what the probe
     took)."""
     seconds = spec.time_limit
     if seconds is None:
         seconds = default_limit(resolved - started, records_of(study))
-    return Cost(started + seconds, seconds) if seconds else Cost()
+    deadline = started + seconds if seconds else None
+    return Cost(deadline, seconds or None, trials=spec.trials, probes=probes)
 
 
 @contextlib.contextmanager
@@ -186,7 +187,7 @@ def _executor(
 
 @contextlib.contextmanager
 def _slots(
-    job: ResolvedJob, cluster: RayCluster | None, spec: TuneSpec, reporter: Reporter, worker: str
+    job: ResolvedJob, cluster: RayCluster | None, spec: TuneSpec, reporter: Reporter, worker: str, cost: Cost
 ) -> Iterator[None]:
     """Under ``--executor ray``, while the block runs: as many more searches of the study, in threads, as
     the cluster can place trials at once beside the block's own (at most ``--trials``). Each is a Search
@@ -204,7 +205,7 @@ def _slots(
         lines = LineReporter(f"ray:{slot}", reporter.note, lock)
         try:
             study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
-            dataclasses.replace(job, runner=runner).search(study, lines, worker).run()
+            dataclasses.replace(job, runner=runner).search(study, lines, worker, cost).run()
         except StopRequested:
             return
         except Exception as e:  # one slot that cannot go on must not stop the run: the others carry it

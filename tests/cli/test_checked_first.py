@@ -86,7 +86,7 @@ def test_a_bad_setting_in_the_environment_is_refused_not_replaced(
     ("argv", "message"),
     [
         (["run", "--trials", "0", "--budget", "1GiB", "x.py"],
-         "Error: Invalid value for '--trials': 0 is not in the range x>=1. (see autotune run --help)"),
+         "Error: Invalid value for '--trials': 0 is not in the range x>=2. (see autotune run --help)"),
         (["measure", "--steps", "0", "-b", "1", "x.py"],
          "Error: Invalid value for '--steps': 0 is not in the range x>=1. (see autotune measure --help)"),
         (["run", "--frobnicate"], "Error: No such option '--frobnicate'. Did you mean '--force'? (see autotune run --help)"),

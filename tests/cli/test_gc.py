@@ -17,7 +17,7 @@ def autotune(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def tuned(cache: Path, study: str, *script: str) -> None:
     done = autotune("run", "--device", "cpu", "--budget", "300MiB", "--batch-sizes", "2,8", "--plans", "none",
-                    "--exhaustive", "--trials", "2", "--steps", "2", "--warmup-steps", "1", "--study", study,
+                    "--exhaustive", "--trials", "4", "--steps", "2", "--warmup-steps", "1", "--study", study,
                     "--cache-dir", str(cache), str(SYNTHETIC), "--", "--base-mib", "8", *script)  # fmt: skip
     assert done.returncode == 0, done.stderr
 

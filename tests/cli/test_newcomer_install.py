@@ -66,7 +66,7 @@ def test_studies_json_lists_each_study(tmp_path: Path) -> None:
     code = (
         "import autotune\n"
         f"spec = autotune.tune_spec(['python', {str(SYNTHETIC)!r}], '200MiB', batch_sizes='4', plans=['none'],"
-        f" device='cpu', cache_dir={str(tmp_path)!r}, study='quiet', trials=1)\n"
+        f" device='cpu', cache_dir={str(tmp_path)!r}, study='quiet', trials=2)\n"
         "autotune.tune(spec)\n"
     )
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -23,7 +23,7 @@ def test_the_cache_dir_s_files_are_private_and_a_trial_never_sees_the_storage_ur
         "AUTOTUNE_JOB_KEY_FILE": "/k",
     }
     argv = [AUTOTUNE, "run", "--device", "cpu", "--budget", "200MiB", "--batch-sizes", "4", "--plans", "none",
-            "--trials", "1", "--steps", "2", "--warmup-steps", "1", "--cache-dir", str(cache), "--", "python",
+            "--trials", "2", "--steps", "2", "--warmup-steps", "1", "--cache-dir", str(cache), "--", "python",
             str(SYNTHETIC), "--env-file", str(names)]  # fmt: skip
     run = subprocess.run(["sh", "-c", 'umask 022 && exec "$@"', "sh", *argv], env=env, capture_output=True,
                          text=True, timeout=300)  # fmt: skip

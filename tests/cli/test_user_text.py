@@ -17,7 +17,7 @@ def test_a_trial_error_that_looks_like_markup_prints_as_it_is(tmp_path: Path) ->
     script = ["--crash-at", "1", "--crash-above", "4", "--crash-message", MESSAGE]
     run = subprocess.run(
         [AUTOTUNE, "run", "--device", "cpu", "--budget", "300MiB", "--batch-sizes", "1,4,8", "--plans", "none",
-         "--exhaustive", "--trials", "3", "--steps", "2", "--warmup-steps", "1", "--cache-dir", str(tmp_path),
+         "--exhaustive", "--trials", "5", "--steps", "2", "--warmup-steps", "1", "--cache-dir", str(tmp_path),
          "--study", "marked", "--", "python", str(SYNTHETIC), *script],
         capture_output=True, text=True, timeout=300, env={"COLUMNS": "400", **_env()},
     )  # fmt: skip

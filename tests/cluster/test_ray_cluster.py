@@ -430,7 +430,7 @@ def test_a_run_without_an_address_passes_over_a_dead_recorded_cluster_for_a_loca
 ) -> None:
     env, dead = dead_record
     run = subprocess.run(
-        [AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--trials", "2",
+        [AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--trials", "4",
          "--batch-sizes", "1,2", "--plans", "none", "--warmup-steps", "1", "--steps", "2", "--study", "local",
          "--cache-dir", str(tmp_path / "cache"), "--",
          "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.05"],
@@ -474,7 +474,7 @@ def test_a_run_joins_a_cluster_that_ray_start_put_under_token_authentication(tmp
     try:
         run = subprocess.run(
             [AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--ray-address",
-             f"127.0.0.1:{port}", "--trials", "2", "--batch-sizes", "1,2", "--plans", "none", "--warmup-steps", "1",
+             f"127.0.0.1:{port}", "--trials", "4", "--batch-sizes", "1,2", "--plans", "none", "--warmup-steps", "1",
              "--steps", "2", "--study", "token", "--cache-dir", str(tmp_path / "cache"), "--",
              "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.05"],
             capture_output=True, text=True, timeout=300, env=env,

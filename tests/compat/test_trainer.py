@@ -77,7 +77,7 @@ def test_a_trainer_s_own_gradient_checkpointing_is_said_and_kept_in_the_answer(t
     command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
     command.append("--gradient_checkpointing")
     spec = tune_spec(
-        command, "4GiB", batch_sizes="2", plans=["none"], trials=1, device="cpu", cache_dir=tmp_path,
+        command, "4GiB", batch_sizes="2", plans=["none"], trials=2, device="cpu", cache_dir=tmp_path,
         settings=TrialSettings(warmup_steps=1, measured_steps=2),
     )  # fmt: skip
     result = api.tune(spec)

@@ -1,6 +1,7 @@
-"""What a run costs is the user's to bound (issue 42, autotune.search.cost): ``--time-limit`` ends a run
-within it, with an answer and the reason. Real trials of the synthetic script; its runs counted from the
-pids the script itself writes."""
+"""What a run costs is the user's to bound (issue 42, autotune.search.cost): ``--trials N`` counts every
+trial run (the probe's, the search's, re-measurements, verifications), so a run never starts more than N
+trial processes; ``--time-limit`` ends a run within it, with an answer and the reason. Real trials of the
+synthetic script; its runs and processes counted from the pids the script itself writes, a line per run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from conftest import AUTOTUNE, SYNTHETIC
 
 
 def run(cache: Path, options: str, *script: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """``autotune run`` of the synthetic script; its result and the pid of every trial's run, in order."""
+    """``autotune run`` of the synthetic script; its result and the pid of every run of the script (the
+    probe's, and each configuration's in a warm process), in order."""
     pids = cache / "pids"
     state = cache / "state"
     state.mkdir(parents=True, exist_ok=True)
@@ -22,8 +24,28 @@ def run(cache: Path, options: str, *script: str) -> tuple[subprocess.CompletedPr
     proc = subprocess.run(
         [*argv, "--", "python", str(SYNTHETIC), *script_args], capture_output=True, text=True, timeout=300
     )
-    runs = pids.read_text().split() if pids.exists() else []
+    runs = [line.split()[0] for line in pids.read_text().splitlines()] if pids.exists() else []
     return proc, runs
+
+
+def test_trials_bounds_every_trial_run_re_measurements_and_verifications_included(tmp_path) -> None:
+    """A:1@48's one search reading 1.5x slow: the same study unbounded (--trials 40) starts more than 6 trial
+    runs, the probe's, the search's and the verification's. With --trials 6 the run starts 6 at most, in at
+    most 6 processes, answers, and says that the ceiling ended the search."""
+    script = "--base-mib 20 --per-sample-mib 8 --step-seconds 0.05 --per-sample-seconds 0.0005".split()
+    script += ["--plan-effects", "A=0.5:1.8", "--slow", "48:A:1#0=1.5"]
+    options = "--budget 290MiB --plans none;A --batch-sizes 1-128 --steps 3 --warmup-steps 1"
+    proc, unbounded = run(tmp_path / "unbounded", f"{options} --trials 40", *script)
+    assert proc.returncode == 0, proc.stderr
+    assert len(unbounded) > 6, proc.stderr
+    proc, runs = run(tmp_path / "bounded", f"{options} --trials 6", *script)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["new_trials"] == len(runs) <= 6, (runs, proc.stderr)
+    assert len(set(runs)) <= 6
+    said = " ".join(proc.stderr.split())
+    assert "--trials 6 counts every trial run, the probe's and the verification's: the 1 left is kept" in said
+    assert data["batch_size"] > 0
 
 
 def test_a_time_limit_ends_the_run_within_it_with_an_answer_and_the_reason(tmp_path) -> None:

@@ -109,12 +109,16 @@ def test_the_search_finds_the_exact_winner_in_six_trials_and_says_why_it_stopped
 
 def test_exhaustive_measures_every_frontier_then_samples_to_the_trials_asked(tmp_path) -> None:
     """Each plan's largest predicted fit in the space's order, the unmeasured plans starting from none's
-    slope (a safe overestimate) and moving up once measured; then the sampler, to --trials."""
+    slope (a safe overestimate) and moving up once measured; then the sampler, to what --trials 10 leaves
+    it: 8, after the probe and before the verification's 1."""
     result = run(tmp_path, "--json", "--study", "exact", "--exhaustive")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert (data["batch_size"], data["plan"]) == (48, "A:1")
-    assert data["stopped"] is None
+    assert data["stopped"] == (
+        "stopped after 8 trials: --trials 10 counts every trial run, the probe's and the verification's: "
+        "the 1 left is kept for the verification"
+    )
     ran = measured(tmp_path, "exact")
     assert ran[:7] == [
         (1, "none"),
@@ -125,22 +129,23 @@ def test_exhaustive_measures_every_frontier_then_samples_to_the_trials_asked(tmp
         (24, "B:1"),
         (96, "B:1"),
     ]
-    assert len(ran) == 10
+    assert len(ran) == 8
 
 
 def test_the_same_run_again_makes_no_trial_and_force_retunes(tmp_path) -> None:
-    assert run(tmp_path, "--study", "again", trials=5).exit_code == 0
+    assert run(tmp_path, "--study", "again", trials=7).exit_code == 0
     before = len(study_trials(tmp_path, "again"))
-    second = run(tmp_path, "--study", "again", trials=5)
+    second = run(tmp_path, "--study", "again", trials=7)
     assert second.exit_code == 0, second.output
     assert "zero trials" in second.output
-    assert "0 of the measurements (the probe included) ran in this run" in " ".join(second.output.split())
+    assert "0 trial runs (the probe's included) in this run" in " ".join(second.output.split())
     assert len(study_trials(tmp_path, "again")) == before
-    forced = run(tmp_path, "--study", "again", "--force", trials=5)
+    forced = run(tmp_path, "--study", "again", "--force", trials=7)
     assert forced.exit_code == 0
     said = " ".join(forced.output.split())  # the summary wraps at the terminal's width
-    assert "5 configurations measured, counted toward --trials;" in said
-    assert "; 6 of the measurements (the probe included) ran in this run" in said
+    # --trials 7: the probe's run, 5 search trials, the verification's 1
+    assert "5 configurations measured;" in said
+    assert "; 7 trial runs (the probe's included) in this run, each counted toward --trials" in said
 
 
 def test_best_answers_from_the_database(tmp_path) -> None:
@@ -207,7 +212,7 @@ def test_best_answers_from_the_database(tmp_path) -> None:
 
 def test_another_budget_starts_from_the_measured_trials(tmp_path) -> None:
     assert run(tmp_path, "--study", "big", trials=8).exit_code == 0
-    result = run(tmp_path, "--study", "small", "--json", budget="200MiB", trials=4)
+    result = run(tmp_path, "--study", "small", "--json", budget="200MiB", trials=5)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     # limit 190 MiB: none up to 16, A up to 32 (~0.05+32*0.000625 -> 457/s), B up to 64 (0.05+64*0.0025 -> 305/s)
@@ -300,7 +305,8 @@ def test_a_real_run_on_the_example_transformer(tmp_path) -> None:
     from conftest import EXAMPLES
 
     model = ["--", "--n-layer", "4", "--n-embd", "64", "--block-size", "64"]
-    options = f"--budget 700MiB --trials 5 --batch-sizes 2-48 --steps 2 --warmup-steps 1 --device cpu --exhaustive --cache-dir {tmp_path}"
+    # --trials 7: the probe's run, 5 search trials, the verification's 1
+    options = f"--budget 700MiB --trials 7 --batch-sizes 2-48 --steps 2 --warmup-steps 1 --device cpu --exhaustive --cache-dir {tmp_path}"
     argv = ["run", *options.split(), "--json", str(EXAMPLES / "gpt.py"), *model]
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 0, result.output

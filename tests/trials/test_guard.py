@@ -77,7 +77,7 @@ def test_a_search_records_an_over_budget_trial_as_a_bound_and_goes_on(tmp_path: 
         "--budget",
         "300MiB",
         "--trials",
-        "3",
+        "5",
         "--plans",
         "none",
         "--batch-sizes",

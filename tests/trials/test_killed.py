@@ -90,7 +90,7 @@ def test_a_trial_passing_the_host_budget_is_stopped_before_the_kernel_does(tmp_p
     """Batch 64 holds 20 + 64 x 4 MiB of host memory; the device budget (the CPU's, 2 GiB) allows it, the
     host budget (200 MiB) does not: it is stopped as it passes 200 MiB, not at its end."""
     options = ("--budget", "2GiB", "--host-budget", "200MiB", "--batch-sizes", "4,64", "--plans", "none",
-               "--exhaustive", "--trials", "2")  # fmt: skip
+               "--exhaustive", "--trials", "4")  # fmt: skip
     result = run(tmp_path, *options, script=("--per-sample-mib", "4", "--steps", "100000"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["batch_size"] == 4
