@@ -244,6 +244,8 @@ class TrialReport:
     own_checkpointing: str | None = None
     # a settling verification (TrialRequest.settle_steps): its steps in all and why it ended then
     settled: str | None = None
+    # a measurement that stopped lengthening because the load changed as it ran (autotune.runtime.settling)
+    shifted: str | None = None
     # a sweep (TrialRequest.sweep): every segment that completed, in order, the first (the request's plan)
     # included; the outcome and error, where not complete, are the next segment's. The report's own steps
     # are the first segment's.

@@ -30,17 +30,43 @@ def peak_settling(trial: TrialState) -> bool:
 def measuring_on(trial: TrialState) -> bool:
     """Whether the throughput's interval is still wider than the request's ``tight`` and the trial may
     measure longer: its measured steps have taken less than ``measure_share`` of its start-up (to the end
-    of its warm-up) and ``measure_cap`` seconds. A trial that took 18 s to start is worth more than 0.35 s
-    of measured steps. Not in a multi-process job: each rank would decide alone, and one that stopped
-    a step before another would leave it waiting in a collective."""
+    of its warm-up) and ``measure_cap`` seconds, and the load has not changed as it ran (``shifted``). A
+    trial that took 18 s to start is worth more than 0.35 s of measured steps. Not in a multi-process job:
+    each rank would decide alone, and one that stopped a step before another would leave it waiting in a
+    collective."""
     if not trial.request.tight or trial.rank is not None or not trial.step_seconds:
         return False
     spent = sum(trial.step_seconds)
     startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
     if spent >= min(trial.request.measure_share * startup, trial.request.measure_cap):
         return False
-    speed = median_interval([n / s for n, s in zip(trial.step_samples, trial.step_seconds, strict=True)])
-    return speed is not None and speed.noise > trial.request.tight
+    rates = [n / s for n, s in zip(trial.step_samples, trial.step_seconds, strict=True)]
+    speed = median_interval(rates)
+    if speed is None or speed.noise <= trial.request.tight:
+        return False
+    if (why := shifted(rates, trial.request.measured_steps)) is not None:
+        trial.shifted = why
+        return False
+    return True
+
+
+def shifted(rates: list[float], measured_steps: int) -> str | None:
+    """Why measuring longer buys nothing, None while it may: once the measurement has run twice its steps,
+    its later half reads slower than its earlier half, beyond both their intervals. Load only slows a step,
+    and a load that came as the trial ran does not average out by measuring on (issue 42: on a busy 2-core
+    machine verifications measured for 26-91 s each and still disagreed); the search measures such a
+    configuration again, interleaved with the others (autotune.search.noise.disturbed). A later half that
+    reads faster is a slow start settling, which measuring on does help."""
+    half = len(rates) // 2
+    if half < max(measured_steps, 2):
+        return None
+    early, late = median_interval(rates[:half]), median_interval(rates[half:])
+    if early is None or late is None or late.high >= early.low:
+        return None
+    return (
+        f"the load changed as it measured: its later {len(rates) - half} steps read {late.mid:,.1f} samples/s, "
+        f"its first {half} {early.mid:,.1f}"
+    )
 
 
 def unsettled(trial: TrialState) -> bool:

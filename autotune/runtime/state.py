@@ -34,6 +34,7 @@ class TrialState:
         self.candidates: list[dict[str, Any]] | None = None
         self.probe: Any = None  # autotune.backends.torch_probe.Probe, in a probe trial
         self.settled: str | None = None  # why a settling verification ended: settled, time cap, step cap
+        self.shifted: str | None = None  # the load changed while it measured: lengthening stopped
         self.optimizer: Any = None
         self.explicit_steps = False
         self.counted_optimizer: int | None = None

@@ -238,6 +238,7 @@ class _Trial(TrialState):
             phase_seconds=dict(self.phase_seconds) or None,
             own_checkpointing=self.own_checkpointing(),
             settled=f"{self.settled} after {self.steps} steps" if self.settled else None,
+            shifted=self.shifted,
             segments=list(self.segments) if self.request.sweep else None,
             rss_peak=rss_high_water(),
         ).write(self.report_path)

@@ -47,12 +47,15 @@ def pressure(record: TrialRecord) -> float | None:
 
 
 def disturbed(records: Iterable[TrialRecord]) -> set[int]:
-    """The numbers of the trials whose CPU pressure was more than LOADED above the study's quietest."""
+    """The numbers of the trials whose CPU pressure was more than LOADED above the study's quietest, and of
+    those whose own steps read the load change as they ran (``shifted``: autotune.runtime.settling)."""
+    records = list(records)
+    shifted = {r.number for r in records if r.shifted}
     known = [(r.number, p) for r in records if (p := pressure(r)) is not None]
     if not known:
-        return set()
+        return shifted
     quiet = min(p for _, p in known)
-    return {number for number, p in known if p > quiet + LOADED}
+    return {number for number, p in known if p > quiet + LOADED} | shifted
 
 
 def readings(records: Iterable[TrialRecord], config: Configuration) -> list[TrialRecord]:

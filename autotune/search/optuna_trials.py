@@ -186,6 +186,7 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         **({"phase_seconds": result.phase_seconds} if result.phase_seconds else {}),
         **({"own_checkpointing": result.own_checkpointing} if result.own_checkpointing else {}),
         **({"settled": result.settled} if result.settled else {}),
+        **({"shifted": result.shifted} if result.shifted else {}),
         "startup_seconds": result.startup_seconds,
         "measured_seconds": result.measured_seconds,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),

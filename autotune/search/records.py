@@ -102,6 +102,7 @@ class TrialRecord:
     phase_peaks: dict[str, int] | None = None
     own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
     settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
+    shifted: str | None = None  # its measurement stopped lengthening: the load changed as it ran
     startup_seconds: float | None = None  # from its launch to the end of its first step
     measured_seconds: float | None = None  # its measured steps together
     # its peak as the meter read it, where peak_bytes was carried to the job's longest inputs
@@ -229,6 +230,7 @@ _ATTRS = (
     "phase_peaks",
     "own_checkpointing",
     "settled",
+    "shifted",
     "startup_seconds",
     "measured_seconds",
     "warm_run",
@@ -240,7 +242,7 @@ class DamagedTrial(ValueError):
 
 
 _TEXT_ATTRS = {"proposed_by", "log_dir", "error", "worker", "device", "note", "memory_method", "own_checkpointing",
-               "settled"}  # fmt: skip
+               "settled", "shifted"}  # fmt: skip
 
 
 def _checked_attr(name: str, value: Any) -> Any:

@@ -22,6 +22,7 @@ dead verifier's is run once more by another (the readings already stored count),
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -418,6 +419,11 @@ def _run_verification(
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
     search.cost.spend()
+    if settings.settle_steps and (left := search.cost.seconds_left()) != math.inf:
+        # its peak settles within half what the time limit leaves: start-up and measured steps take the rest
+        settings = dataclasses.replace(
+            settings, settle_seconds=min(settings.settle_seconds, max(left / 2, 1.0))
+        )
     if search.cost.trials is not None:  # the status line: this run's trial runs against --trials
         search.reporter.searching(search.cost.spent, search.cost.trials, None)
     search.reporter.trial_started(trial.number, batch, plan, note)

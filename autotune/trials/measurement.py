@@ -500,6 +500,7 @@ def trial_result(
         phase_seconds=report.phase_seconds if report else None,
         own_checkpointing=report.own_checkpointing if report else None,
         settled=report.settled if report else None,
+        shifted=report.shifted if report else None,
         startup_seconds=exit_info.first_step_seconds,
         measured_seconds=sum(report.step_seconds) if report and report.step_seconds else None,
     )

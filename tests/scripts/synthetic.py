@@ -137,6 +137,12 @@ def main() -> None:
     p.add_argument("--hang-rank", type=int, default=None, help="this rank stops stepping at --hang-at")
     p.add_argument("--hang-at", type=int, default=2)
     p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
+    p.add_argument(
+        "--slow-from",
+        default=None,
+        help="STEP=FACTOR: from this step (from 0) on, each step takes FACTOR times longer: a load that arrives "
+        "while the trial runs",
+    )
     p.add_argument("--oom-plan", default=None, help="raise MemoryError at the first step with this plan")
     p.add_argument("--crash-plan", default=None, help="raise ValueError at step 1 with this plan")
     p.add_argument(
@@ -265,7 +271,9 @@ def main() -> None:
             sys.stdout.write(line * args.chatter_kib)
             sys.stderr.write(line * args.chatter_kib)
         spike = touched(args.spike_mib) if step == 1 else None
-        time.sleep(step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
+        arrived = args.slow_from is not None and step >= int(args.slow_from.split("=")[0])
+        load = float(args.slow_from.split("=")[1]) if arrived else 1.0
+        time.sleep(load * step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
         del spike
         autotune.step()
     sys.stdout.write("finished all steps\n")

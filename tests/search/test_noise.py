@@ -165,3 +165,19 @@ def test_the_demo_s_readings_put_batch_32_beside_its_disproved_leader() -> None:
     assert pooled_speeds[(4, "none")].mid == 10.1
     ranked = sorted(pooled_speeds.items(), key=lambda pair: -pair[1].mid)
     assert challengers((4, "none"), ranked, records)[0] == (32, "none")
+
+
+def test_a_reading_whose_steps_saw_the_load_change_is_disturbed_even_where_the_kernel_saw_none() -> None:
+    """A trial that stopped measuring longer because its later steps read slower (autotune.runtime.settling:
+    a load that came as it ran) is a disturbed reading, measured again, interleaved, before it decides the
+    stop (noise.unsettled), though no CPU pressure was recorded for any trial."""
+    import dataclasses
+
+    from autotune.search.noise import disturbed, unsettled
+
+    records = [_reading(0, 4, "none", 50.0), _reading(1, 32, "none", 90.0)]
+    assert disturbed(records) == set()
+    assert unsettled(records, [(32, "none")]) is None
+    records[1] = dataclasses.replace(records[1], shifted="the load changed as it measured: ...")
+    assert disturbed(records) == {1}
+    assert unsettled(records, [(32, "none")]) == (32, "none")

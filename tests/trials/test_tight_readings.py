@@ -4,12 +4,14 @@ took ~18 s to start and measured 5 steps in 0.35 s; readings of one configuratio
 
 The rule is replayed exactly on each trial's steps: every count it measured on at was still wide, and where
 it stopped the interval was tight or a quarter of its start-up was spent; the trial's start-up and measured
-seconds are reported."""
+seconds are reported. Measuring longer stops where it buys nothing (issue 42): once the later half of the
+steps reads slower than the earlier half beyond both intervals, the load changed as it ran."""
 
 from __future__ import annotations
 
 from autotune.core.protocol import Outcome
 from autotune.core.stats import median_interval
+from autotune.runtime.settling import shifted
 from autotune.trials.settings import TrialSettings
 
 STARTUP = 4.0  # seconds the script sleeps before its first step
@@ -44,6 +46,37 @@ def test_noisy_steps_are_measured_longer_and_steady_ones_are_not(synthetic) -> N
     assert steady.outcome is Outcome.COMPLETE
     replay(steady, 5)
     assert len(steady.step_seconds) < len(noisy.step_seconds)
+    assert noisy.shifted is None and steady.shifted is None  # noise that stays is measured on
+
+
+def test_a_load_that_arrives_as_the_trial_measures_on_ends_its_lengthening(synthetic) -> None:
+    """Noisy steps (±60%), measured on for a tighter reading, and from step 9 each takes 4x longer: once
+    the later half of the steps reads slower than the earlier beyond both intervals, measuring on stops,
+    short of the quarter of its start-up it could have spent, and the trial says why."""
+    common = ("--startup-seconds", str(STARTUP), "--step-seconds", "0.02", "--noise", "0.6", "--seed", "1")
+    result = synthetic(4, *common, "--slow-from", "9=4", measured_steps=5)
+    assert result.outcome is Outcome.COMPLETE
+    steps = list(result.step_seconds)
+    assert result.shifted is not None and result.shifted.startswith(
+        "the load changed as it measured: its later"
+    )
+    assert shifted([4 / s for s in steps], 5) is not None  # the rule, replayed on its steps
+    assert all(shifted([4 / s for s in steps[:k]], 5) is None for k in range(5, len(steps)))  # not before
+    assert sum(steps) < 0.25 * STARTUP  # it stopped before its time was spent
+    assert len(steps) >= 10 and max(steps[-3:]) > 2 * min(steps[:5])
+
+
+def test_what_reads_as_a_load_that_came_and_what_as_a_slow_start() -> None:
+    """The rule itself: halves read at one speed (noise that stays) or faster later (a slow start settling,
+    which measuring on helps) measure on; a later half slower beyond both intervals is a load that came."""
+    steady = [100.0, 90.0, 110.0, 95.0, 105.0, 100.0, 92.0, 108.0, 97.0, 103.0]
+    assert shifted(steady, 5) is None
+    assert shifted([50.0] * 2 + [48.0, 52.0, 51.0] + [100.0, 98.0, 101.0, 99.0, 102.0], 5) is None
+    slower = [100.0, 98.0, 101.0, 99.0, 102.0, 50.0, 48.0, 52.0, 51.0, 49.0]
+    assert shifted(slower, 5) == (
+        "the load changed as it measured: its later 5 steps read 50.0 samples/s, its first 5 100.0"
+    )
+    assert shifted(slower[:9], 5) is None  # before twice its steps: too few to tell
 
 
 def test_a_fixed_count_where_tight_is_zero(synthetic) -> None:
