@@ -95,6 +95,7 @@ class Run:
     over_budget: int
     wall: float
     certainty: str | None
+    runs: int = 0  # trial runs of every kind the run started, its probe's included (what --trials bounds)
     score: float = 0.0  # truth(chosen) / truth(optimum), filled in once the truth is measured
 
 
@@ -211,6 +212,7 @@ def tune(workload: Workload, condition: str, seed: int, trials: int = 10) -> tup
         len(over),
         wall,
         data.get("certainty"),
+        data["new_trials"],
     )
     return run, list(space["plans"])
 
@@ -284,14 +286,15 @@ def report(workload: Workload, runs: list[Run], truth: Truth) -> list[str]:
         lines.append(
             f"{condition:>6}: >= 0.95 of the optimum in {good} of {len(mine)} runs; scores "
             f"{', '.join(f'{s:.3f}' for s in scores)}; trials median {statistics.median(r.trials for r in mine):g} "
-            f"(max {max(r.trials for r in mine)}); over-budget trials median "
+            f"(max {max(r.trials for r in mine)}); trial runs median {statistics.median(r.runs for r in mine):g} "
+            f"(max {max(r.runs for r in mine)}); over-budget trials median "
             f"{statistics.median(r.over_budget for r in mine):g} (max {max(r.over_budget for r in mine)}); "
             f"wall median {statistics.median(r.wall for r in mine):.0f} s"
         )
-    lines.append("runs (condition: answer, truth ratio, trials, over-budget, wall, certainty):")
+    lines.append("runs (condition: answer, truth ratio, trials, trial runs, over-budget, wall, certainty):")
     for run in runs:
         lines.append(
-            f"  {run.condition:>6}: {run.plan}@{run.batch_size} {run.score:.3f} {run.trials} {run.over_budget} "
+            f"  {run.condition:>6}: {run.plan}@{run.batch_size} {run.score:.3f} {run.trials} {run.runs} {run.over_budget} "
             f"{run.wall:.0f}s {run.certainty or '-'}"
         )
     return lines

@@ -82,9 +82,12 @@ class Cost:
         return math.inf if self.trials is None else max(self.trials - self.spent, 0)
 
     def reserve(self) -> int:
-        """Trial runs the search leaves to the verification: VERIFY_RESERVE; one where --trials is small (the
-        leader measured again alone), two in between; none where only one is left after the probe (that
-        reading is answered unverified, and said)."""
+        """Trial runs the search leaves to the verification: one while --trials leaves fewer than 10 after
+        the probe (the leader measured again alone), two up to 14, then VERIFY_RESERVE (the leader's, then a
+        round of it beside its likeliest rival); none where it leaves one (that reading is answered
+        unverified, and said). Small, because the search most often stops by its own rule, well short of
+        --trials, and the verification then has what is left: the reserve only takes from a search that
+        would have run to the ceiling."""
         after_probe = (self.trials or 0) - self.probes
         return 0 if after_probe <= 1 else min(VERIFY_RESERVE, max(1, after_probe // 5))
 

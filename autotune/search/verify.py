@@ -181,8 +181,8 @@ def _within_cost(search: Search, contenders: list[Configuration]) -> tuple[list[
     runs = search.cost.verifications(records_of(search.study))
     if runs == math.inf:
         return contenders, ROUNDS
-    if runs < 1:  # chosen from the readings at hand: the verifications' (pooled), the search's they allow
-        why = _unaffordable(search) or "what is left"
+    if runs < min(len(contenders), 2):  # no side-by-side round left: chosen from the readings at hand
+        why = _unaffordable(search, min(len(contenders), 2)) or "what is left"
         search.reporter.note(
             f"the verification measures none of the {len(contenders)} contenders again: {why}"
         )
