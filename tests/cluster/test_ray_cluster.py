@@ -146,7 +146,7 @@ def test_two_gpu_trials_are_placed_whole_and_never_share_a_gpu(tmp_path: Path, c
         [str(SCRIPTS / "fake_gpu_trial.py"), "--per-sample-mib", "100", "--step-seconds", "0.15"],
         gpus_per_trial=2,
         ray_address=cluster.address,
-        trials=8,
+        trials=10,  # the probe's run, 8 search trials, the verification's 1
         batch_sizes=tuple(range(1, 17)),
         exhaustive=True,  # every configuration the model allows, until 8: trials enough to overlap
     )
@@ -222,7 +222,7 @@ def _driver(tmp_path: Path, address: str, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--ray-address", address,
-            "--trials", "3", "--batch-sizes", "1,2,4,8", "--plans", "none", "--warmup-steps", "1", "--steps", "3",
+            "--trials", "6", "--batch-sizes", "1,2,4,8", "--plans", "none", "--warmup-steps", "1", "--steps", "3",
             "--study", "ray", "--cache-dir", str(tmp_path / "cache"), *flags, "--",
             "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.3", "--startup-seconds", "3",
         ],
@@ -295,7 +295,7 @@ def test_a_driver_killed_and_rerun_resumes(tmp_path: Path, cluster: LocalCluster
     while trial_pids(tmp_path / "cache") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert trial_pids(tmp_path / "cache") == []  # the dead driver's trials did not outlive it
-    second = _driver(tmp_path, cluster.address)
+    second = _driver(tmp_path, cluster.address, "--trials", "4")  # no probe: the retry and 2 more, then 1
     out, _ = second.communicate(timeout=180)
     assert second.returncode == 0, out
     resumed = re.search(
