@@ -55,7 +55,7 @@ def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tm
     (its slope now resolved) puts the frontier at 1536 (2048 would take ~164 MiB)."""
     data = tune(
         tmp_path,
-        "--budget 160MiB --trials 10 --plans none --steps 3 --warmup-steps 1 --device cpu",
+        "--budget 160MiB --trials 12 --plans none --steps 3 --warmup-steps 1 --device cpu",  # 9 search runs
         *"--base-mib 20 --per-sample-mib 0.0625".split(),
         *("--extra-mib", "1:none#1=24"),  # reading 0 is the probe's
     )
