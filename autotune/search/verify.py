@@ -110,7 +110,18 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     if (spent := _unaffordable(search)) is not None:
         search.reporter.note(f"{_name(leader)} answered unverified: {spent} before its verification")
         return _store(search, lease, leader, records_of(search.study))
-    contenders = [leader, *_rivals(search, leader, records_of(search.study))]
+    records = records_of(search.study)
+    dominating = _dominating(search, leader, records)
+    if dominating:
+        names = " and ".join(_name(c) for c in dominating)
+        search.reporter.note(
+            f"{_name(leader)} leads on readings a busy machine took; {names} "
+            f"{'fits' if len(dominating) == 1 else 'fit'} and cannot be slower by the throughput model's "
+            "structure: measured beside it"
+        )
+    contenders = list(dict.fromkeys([leader, *dominating, *_rivals(search, leader, records)]))[
+        :MAX_CONTENDERS
+    ]
     if len(contenders) == 1:
         result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
         if not _fits(search, lease, leader, settings):
@@ -309,6 +320,25 @@ def challengers(
     return order[: MAX_CONTENDERS - 1]
 
 
+def _loaded(records: list[TrialRecord], configs: list[Configuration]) -> bool:
+    """Whether a busy machine took any reading of ``configs`` (autotune.search.noise.disturbed)."""
+    busy = noise.disturbed(records)
+    return any(r.number in busy for r in records if r.config in configs and r.kind in READINGS)
+
+
+def _dominating(search: Search, leader: Configuration, records: list[TrialRecord]) -> list[Configuration]:
+    """Where a busy machine took the leader's readings: the fitting configurations that dominate it by the
+    throughput model's structure (:func:`_dominates`: its plan at a larger batch, a plan recomputing less at
+    its batch), those no other of them dominates; they are verified beside it (issue 42: beside four
+    bursting neighbours on 2 cores, a larger batch read slower even side by side: every answer of
+    examples/mlp.py at 700 MB was a smaller batch of ``none`` than the quiet optimum, none@384, at 0.53-0.86
+    of its quiet speed)."""
+    if not _loaded(records, [leader]):
+        return []
+    above = [c for c, _ in _fitting_configs(search, records) if _dominates(c, leader)]
+    return [c for c in above if not any(_dominates(o, c) for o in above)][: MAX_CONTENDERS - 1]
+
+
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
     """The fastest contender by all its readings; among those within its noise (at most TIE of its speed):
     first, those that another tied contender does not dominate (:func:`_dominates`: where readings cannot
@@ -319,7 +349,14 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     recompute plan 5% slower than ``none`` at the same batch size (a few MiB smaller by RSS: noise too);
     readings spread ±15% made batch 4 (105 samples/s by its median) a tie with batch 32 (114), and batch
     4's smaller peak won, at 0.77 of the optimum; and every reading of a run taken under load put batch 4,
-    batch 32 and MLP:1@32 within 0.4% of each other."""
+    batch 32 and MLP:1@32 within 0.4% of each other.
+
+    Where a busy machine took the contenders' readings, none that another contender dominates is chosen,
+    whatever the readings say: under contention a larger batch, or ``none`` beside a plan that recomputes,
+    reads slower than it runs on the machine the answer is for (torch's threads wait on one another when a
+    core is taken from them), and readings taken side by side do not undo that."""
+    if _loaded(records, contenders):
+        contenders = [c for c in contenders if not any(_dominates(o, c) for o in contenders)]
     readings = _readings(records)
     peaks = {
         c: statistics.median(

@@ -181,3 +181,30 @@ def test_a_reading_whose_steps_saw_the_load_change_is_disturbed_even_where_the_k
     records[1] = dataclasses.replace(records[1], shifted="the load changed as it measured: ...")
     assert disturbed(records) == {1}
     assert unsettled(records, [(32, "none")]) == (32, "none")
+
+
+def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side_cannot() -> None:
+    """Beside four bursting neighbours on 2 cores, examples/mlp.py's none@128 read faster than none@384 even
+    side by side, and was answered at 0.72 of none@384's quiet speed. Where a busy machine took the
+    contenders' readings, a contender another one dominates (its plan at a larger batch, ``none`` at its
+    batch) is not chosen; on a quiet machine the readings decide as before."""
+    import dataclasses
+
+    from autotune.hardware.load import Load
+    from autotune.search.verify import choose
+
+    def under(pressure: float, record):
+        return dataclasses.replace(record, load=Load(pressure, None, 5.0, 2))
+
+    quiet = under(0.0, _reading(0, 1, "none", 20.0))
+    loaded = [
+        quiet,
+        under(0.6, _reading(1, 128, "none", 300.0)),
+        under(0.7, _reading(2, 384, "none", 200.0)),
+        under(0.6, _reading(3, 384, "R:0.5", 260.0)),
+    ]
+    assert choose(loaded, [(128, "none"), (384, "none")], 0.0) == (384, "none")
+    assert choose(loaded, [(384, "R:0.5"), (384, "none")], 0.0) == (384, "none")
+    calm = [under(0.0, r) for r in loaded]
+    assert choose(calm, [(128, "none"), (384, "none")], 0.0) == (128, "none")
+    assert choose(calm, [(384, "R:0.5"), (384, "none")], 0.0) == (384, "R:0.5")
