@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.core.errors import StorageError
 from autotune.hardware.devices import gpus_in
+from autotune.search.cost import Cost
 from autotune.search.loop import Search, Step
 from autotune.search.reporting import Reporter
 from autotune.search.resolve import resolve
@@ -33,12 +34,14 @@ class JobWork:
         stop: threading.Event,
         trust: Trust,
         nvml: Any = None,
+        cost: Cost | None = None,
     ) -> None:
         """Raises JobRefused: the job is not one this worker may run (jobs.spec_of)."""
         self.job, self.store, self.environ, self.nvml = job, store, environ, nvml
         self.reporter, self.worker, self.stop = reporter, worker, stop
         self.spec, verified = spec_of(job, storage_url, cache, device, trust.key, trust.allow_unsigned)
         reporter.note(f"job {job.study_name}: {verified}; runs {command_line(job)}")
+        self.cost = cost  # the purse of the run this thread helps, if it helps one (tune's helper devices)
         self.search: Search | None = None
         self.trials = 0  # trials this thread measured for the job (probe and verifications included)
 
@@ -88,4 +91,4 @@ class JobWork:
                 f"({job.device.name}): {e}"
             ) from e
         self.store.set_job_state(self.job.study_name, JobState.RUNNING, only_from=(JobState.OPEN,))
-        return job.search(study, self.reporter, self.worker), job.probes_run > 0
+        return job.search(study, self.reporter, self.worker, self.cost), job.probes_run > 0

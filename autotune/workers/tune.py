@@ -114,7 +114,7 @@ def _tune_on(
     helpers = _helper_devices(spec, job.device, env, nvml) if cluster is None else ()
     with (
         Heartbeat(job.store, worker),
-        _helping(spec, name, helpers, env, reporter, nvml, key),
+        _helping(spec, name, helpers, env, reporter, nvml, key, cost),
         _slots(job, cluster, spec, reporter, worker, cost),
     ):
         try:
@@ -245,10 +245,12 @@ def _helping(
     reporter: Reporter,
     nvml: Any,
     key: JobKey,
+    cost: Cost,
 ) -> Iterator[None]:
     """Run this job's trials on ``devices`` too while the block runs: a Worker restricted to the job, in a
-    thread of this process, sharing the work through the leases like any other worker. On leaving (done,
-    error or Ctrl-C) its running trials are stopped and released."""
+    thread of this process, sharing the work through the leases like any other worker, and the run's
+    ``cost`` (its trial runs count toward the run's --trials). On leaving (done, error or Ctrl-C) its
+    running trials are stopped and released."""
     if not devices:
         yield
         return
@@ -262,6 +264,7 @@ def _helping(
         say=reporter.note,
         nvml=nvml,
         trust=Trust(key),
+        cost=cost,
     )
 
     def work() -> None:

@@ -42,6 +42,7 @@ from autotune.hardware.devices import gpu_count
 from autotune.hardware.nvml import nvml_loader
 from autotune.leases.heartbeat import Heartbeat
 from autotune.leases.identity import worker_id
+from autotune.search.cost import Cost
 from autotune.search.loop import Step
 from autotune.storage import JobRow, JobState, LeaseState, open_store
 from autotune.trials.interrupts import StopRequested
@@ -105,8 +106,11 @@ class Worker:
         say: Callable[[str], None] | None = None,
         nvml: Any = None,
         trust: Trust | None = None,
+        cost: Cost | None = None,
     ) -> None:
         """``say``: where the worker's lines go (the CLI: stderr; tune()'s helpers: the run's notes).
+        ``cost``: the purse of the run this worker helps (tune()'s helpers spend from the run's --trials);
+        None: a worker's own jobs have none (their studies' slots bound them).
         ``trust``: the key jobs must be signed with (default: the one ``environ`` gives, autotune.workers.
         signing; no unsigned jobs).
 
@@ -123,6 +127,7 @@ class Worker:
         self.environ = dict(os.environ if environ is None else environ)
         self.once = once
         self.only = jobs
+        self.cost = cost
         self.say = say or _silent
         self.nvml = nvml  # a loaded NVML module (tests: a fake); None: pynvml, loaded where needed
         self.worker = worker_id()
@@ -243,6 +248,7 @@ class Worker:
                     self.stop,
                     self.trust,
                     self.nvml,
+                    self.cost,
                 )
             work = works[name]
             for other, elsewhere in works.items():

@@ -344,13 +344,14 @@ def _overlapping(trials: list[optuna.trial.FrozenTrial]) -> bool:
 
 def test_run_with_helper_devices_runs_trials_of_its_job_in_parallel(tmp_path) -> None:
     """`run` on several devices: the extra ones are daemon.Worker threads of the same process, sharing the
-    job through the leases (two CPU 'devices' here; with --device auto on a GPU machine, every GPU)."""
+    job through the leases and the run's --trials (two CPU 'devices' here; with --device auto on a GPU
+    machine, every GPU)."""
     spec = TuneSpec(
         command=TrialCommand.parse(
             [str(SYNTHETIC), *"--base-mib 8 --per-sample-mib 1 --step-seconds 0.15".split()]
         ),
         budget=parse_budget("1GiB"),
-        trials=8,
+        trials=10,  # of every kind, the helper's included: the probe's, 8 search trials, the verification's 1
         exhaustive=True,  # eight trials, whatever the stopping rule would say
         batch_sizes=(1, 2, 4, 8, 16, 32),
         plans=("none", "A"),
