@@ -258,12 +258,9 @@ class Search:
             self._stop(f"stopped after {counted} trials: {spent}", counted)
             leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
             return Step.BUSY if any(x.state is LeaseState.RUNNING for x in leases) else Step.FINISHED
-        step = Step.MISSED
-        try:
-            step = start()
-        finally:
-            if step is not Step.RAN:
-                self.cost.refund()
+        step = start()  # an exception ends the run: what it paid no longer matters
+        if step is not Step.RAN:
+            self.cost.refund()
         return step
 
     def _progress(self, counted: int, contenders: int | None) -> None:
