@@ -315,9 +315,10 @@ def work(
         return worker.run()
 
 
-def doctor(ray_address: str | None = None) -> list[Check]:
+def doctor(ray_address: str | None = None, backend: str = "torch") -> list[Check]:
     """What works on this machine (torch, NVML, storage drivers, the Ray cluster, backends), each with what to
-    do if not (``ray_address``: the Ray cluster to look at; None: RAY_ADDRESS, else one running here)."""
+    do if not (``ray_address``: the Ray cluster to look at; None: RAY_ADDRESS, else one running here;
+    ``backend="ort"``: ORTModule trains a step, else ORT is only looked up)."""
     from autotune.hardware.doctor import checks
 
-    return checks(ray_address)
+    return checks(ray_address, ort=backend == "ort")

@@ -247,11 +247,13 @@ def search_options(command: F) -> F:
             ),
             click.option(
                 "--time-limit",
+                envvar="AUTOTUNE_TIME_LIMIT",
                 callback=_seconds,
                 metavar="SECONDS",
                 help="The wall-clock time the run plans its answer within (90, 5m, 1h): the search stops "
                 "proposing while the verification still fits, and says so; a trial already running is not "
-                "cut short. Default: 3 minutes, or 10 times the probe, whichever is longer; 0: none.",
+                "cut short. Default: 3 minutes, or 10 times the probe, whichever is longer; 0: none. Also "
+                "$AUTOTUNE_TIME_LIMIT.",
             ),
             click.option(
                 "--batch-sizes",

@@ -136,12 +136,20 @@ def probe(
     default=None,
     help="The Ray cluster to report on (default: RAY_ADDRESS, else one running here).",
 )
-def doctor(as_json: bool, ray_address: str | None) -> None:
+@click.option(
+    "--backend",
+    type=click.Choice(["torch", "ort"]),
+    default="torch",
+    show_default=True,
+    help="ort: also train a step with ORTModule (a fresh machine first builds its C++ extension, about a "
+    "minute); torch: ORT is only looked up.",
+)
+def doctor(as_json: bool, ray_address: str | None, backend: str) -> None:
     """Check what works on this machine (torch, GPU memory through NVML, storage drivers, the Ray cluster,
     backends) and say what to do about what does not. Exits 1 if autotune cannot tune here at all."""
     from autotune.cli.console import console
     from autotune.cli.render_trial import doctor as render_doctor
 
-    found = api.doctor(ray_address)
+    found = api.doctor(ray_address, backend)
     render_doctor(console(), found, as_json)
     exit_with(not any(c.required and not c.ok for c in found))

@@ -164,6 +164,9 @@ for _ in range(1000):
 """
 
 
+FEW = ["--steps", "2", "--warmup-steps", "1", "--trials", "3"]  # the probe, a search trial, a verification
+
+
 def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -180,7 +183,7 @@ def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp
         "checked against no plan (one step on the probe's batch): 1 of 3 plan(s)" in probe.stdout
     )  # Block:1 only
     run = subprocess.run(
-        [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", "--steps", "2", *common, str(script)],
+        [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", *FEW, *common, str(script)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -189,7 +192,7 @@ def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp
     assert "plan Counting:1 left out: changes the numbers" in run.stderr
     assert "Counting:1" not in "".join(line for line in run.stderr.splitlines() if line.startswith("trial"))
     named = subprocess.run(
-        [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", "--steps", "2", "--plans",
+        [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", *FEW, "--plans",
          "none;Counting:0.5;Block:1", *common, str(script)],
         capture_output=True,
         text=True,

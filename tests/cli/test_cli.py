@@ -219,15 +219,10 @@ def test_headroom_sets_the_limit_the_winner_must_stay_under(tmp_path) -> None:
     )
 
 
-HIDDEN_ORT = "onnxruntime hidden by this test (its real check: test_doctor_trains_a_step_with_ort)"
-
-
-def test_doctor_reports_what_works_here_without_importing_torch(tmp_path, monkeypatch) -> None:
-    """ORT's check builds ORT's C++ extension on a fresh machine (a minute of CI's core suite): here the
-    installed onnxruntime is shadowed by a module without its training sources, and the check fails in one
-    line before building anything; the compatibility phase runs it for real."""
-    (tmp_path / "onnxruntime.py").write_text(f"raise ImportError({HIDDEN_ORT!r})\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+def test_doctor_reports_what_works_here_without_importing_torch(tmp_path) -> None:
+    """Without --backend ort, ORT is looked up, not trained (issue 44: its step took 56-103 s of every call,
+    building ORT's C++ extension on a fresh machine); the compatibility phase trains it
+    (test_doctor_trains_a_step_with_ort)."""
     output = cli_in_a_fresh_interpreter(["doctor", "--json"], not_imported=("torch",), timeout=300)
     checks = {c["name"]: c for c in json.loads(output)}
     assert set(checks) == {
@@ -252,13 +247,12 @@ def test_doctor_reports_what_works_here_without_importing_torch(tmp_path, monkey
         checks["CPU memory (process trees)"]["detail"] == "Pss from /proc/PID/smaps_rollup: shared pages once"
     )
     ort = checks["ONNX Runtime backend"]
-    source = tmp_path / "training/ortmodule/torch_cpp_extensions/cpu/aten_op_executor/aten_op_executor.cc"
-    assert ort == {  # what an onnxruntime without its training sources gets: nothing built
+    assert ort == {  # the dev environment has the ort extra
         "name": "ONNX Runtime backend",
-        "ok": False,
-        "detail": f"ORT's extension source {source} is missing: reinstall onnxruntime-training",
-        "hint": "supported: onnxruntime-training 1.19.2 with a C++ compiler and the Python headers for its "
-        "extension (pip install 'autotune[ort]')",
+        "ok": True,
+        "detail": "onnxruntime-training 1.19.2 installed; not trained here: autotune doctor --backend ort "
+        "trains a step (a fresh machine first builds its C++ extension, about a minute)",
+        "hint": None,
         "required": False,
     }, ort
 
@@ -266,7 +260,9 @@ def test_doctor_reports_what_works_here_without_importing_torch(tmp_path, monkey
 @pytest.mark.slow  # ORTModule trains a step (the first one in a session builds its extension)
 @pytest.mark.compat  # ... on a fresh machine, a minute of CPU: the compatibility phase, where ORT's tests are
 def test_doctor_trains_a_step_with_ort() -> None:
-    output = cli_in_a_fresh_interpreter(["doctor", "--json"], not_imported=("torch",), timeout=1800)
+    output = cli_in_a_fresh_interpreter(
+        ["doctor", "--json", "--backend", "ort"], not_imported=("torch",), timeout=1800
+    )
     ort = {c["name"]: c for c in json.loads(output)}["ONNX Runtime backend"]
     # the dev environment has the ort extra: ORTModule really trained a step in the check
     assert ort["ok"] and ort["detail"].startswith("onnxruntime-training 1.19.2, ORTModule trains here"), ort

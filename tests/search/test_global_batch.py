@@ -56,7 +56,7 @@ def test_run_with_a_global_batch_searches_its_micro_batches_and_exports_the_accu
     command = template(tmp_path)
     options = ["--budget", "4GiB", "--global-batch", "8", "--plans", "none", "--device", "cpu"]
     options += ["--cache-dir", str(tmp_path), "--steps", "3", "--warmup-steps", "1"]
-    ran = autotune("run", "--json", *options, *command)
+    ran = autotune("run", "--json", "--trials", "6", *options, *command)  # the 4 micro-batches, at most
     assert ran.returncode == 0, ran.stderr
     answer = json.loads(ran.stdout)
     study = answer["study"]

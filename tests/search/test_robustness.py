@@ -21,7 +21,7 @@ from autotune.cli import cli
 from autotune.core.protocol import Outcome
 from autotune.hardware.load import Load
 from autotune.search.memory_model import MemoryModel, Observation, memory_noise
-from autotune.search.noise import certainty, out_of_order
+from autotune.search.noise import certainty, out_of_order, overruled
 from autotune.search.optuna_trials import records_of
 from autotune.search.propose import Finished, Proposal, model_of, propose, speed_of
 from autotune.search.records import REMEASURE, TrialKind, TrialRecord, best_record, peak_verdict
@@ -55,7 +55,9 @@ def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tm
     (its slope now resolved) puts the frontier at 1536 (2048 would take ~164 MiB)."""
     data = tune(
         tmp_path,
-        "--budget 160MiB --trials 12 --plans none --steps 3 --warmup-steps 1 --device cpu",  # 9 search runs
+        # --trials leaves room for a loaded machine's re-measurements: the ladder is 8 search runs, and CI's
+        # busy workers once took two re-measurements that left no run for its last rung
+        "--budget 160MiB --trials 20 --plans none --steps 3 --warmup-steps 1 --device cpu",
         *"--base-mib 20 --per-sample-mib 0.0625".split(),
         *("--extra-mib", "1:none#1=24"),  # reading 0 is the probe's
     )
@@ -167,10 +169,12 @@ def test_a_verification_peak_over_the_limit_among_readings_under_it_is_measured_
     # (batch 4, as in test_a_verification_that_contradicts_its_search_reading_...), each reading complete
     assert {outcome for _, outcome in checks[2:]} <= {"complete"}
     assert (data["batch_size"], data["plan"]) == (24, "none")
-    # speeds: the search's and each complete verification's (the first was stopped)
+    # speeds: the search's and each complete verification's (the first was stopped), less a search reading
+    # its verifications contradict (a loaded machine's: CI's busy workers once made one)
     read = [r for r in records if r.config == (24, "none") and r.outcome is Outcome.COMPLETE]
     verified = sum(batch == 24 for batch, _ in checks)
-    assert data["readings"] == len(read) == verified + sum(r.kind is TrialKind.MEASURED for r in read) - 1
+    assert len(read) == verified + sum(r.kind is TrialKind.MEASURED for r in read) - 1
+    assert data["readings"] == len([r for r in read if r.number not in overruled(records)])
     assert peak_verdict(records, (24, "none"), limit) is True
 
 

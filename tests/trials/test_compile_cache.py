@@ -20,7 +20,8 @@ from autotune.trials.workload import workload_of
 from conftest import SCRIPTS
 
 COMPILED = str(SCRIPTS / "compiled.py")
-pytestmark = pytest.mark.slow
+# torch.compile in every trial (30-40 s of CI's core suite): beside the real-model runs
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def compiled_trial(cache: Path, *args: str, environ: dict[str, str] | None = None):

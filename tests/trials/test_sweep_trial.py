@@ -40,6 +40,7 @@ def _trial(cache: Path, words: list[str], batch: int, plan: str, sweep: tuple[st
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # four processes of examples/gpt.py: 77 s of CI's core suite, beside the real-model runs
 def test_a_sweep_reads_each_plan_as_its_own_trial_does(tmp_path: Path) -> None:
     """examples/gpt.py (4 blocks) at batch 16: Block:1, Block:0.5 and none swept in one process, the
     model's plan switched between steps; each plan's peak is a trial of that plan alone's, never under it

@@ -93,6 +93,7 @@ def test_one_process_reads_three_batch_sizes_and_two_plans_as_processes_of_their
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # four processes of examples/gpt.py: 61 s of CI's core suite, beside the real-model runs
 def test_a_torch_model_reads_each_batch_and_plan_as_its_own_process_does(tmp_path: Path) -> None:
     """examples/gpt.py (4 blocks): batch 4 and 16 with no plan, then Block:1 at 16, in one process (the
     model built again for each, its plan applied as asked): each peak within 5% of a process of its own
