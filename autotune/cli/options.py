@@ -58,13 +58,15 @@ def _has_password(url: str) -> bool:
         return False
 
 
-BACKEND = click.option(
-    "--backend",
-    type=click.Choice(["torch", "ort"]),
-    default="torch",
-    show_default=True,
-    help="Recompute backend: torch (checkpointing), or ort (ONNX Runtime's ORTModule memory optimizer; "
-    "pip install 'autotune[ort]').",
+def backend_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--backend", type=click.Choice(["torch", "ort"]), default="torch", show_default=True, help=help_text
+    )
+
+
+BACKEND = backend_option(
+    "Recompute backend: torch (checkpointing), or ort (ONNX Runtime's ORTModule memory optimizer; "
+    "pip install 'autotune[ort]')."
 )
 COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 GLOBAL_BATCH = click.option(

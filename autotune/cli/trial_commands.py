@@ -15,6 +15,7 @@ from autotune.cli.options import (
     BACKEND,
     GLOBAL_BATCH,
     GRAD_ACCUM,
+    backend_option,
     cache_dir_option,
     settings_of,
     trial_options,
@@ -136,13 +137,9 @@ def probe(
     default=None,
     help="The Ray cluster to report on (default: RAY_ADDRESS, else one running here).",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["torch", "ort"]),
-    default="torch",
-    show_default=True,
-    help="ort: also train a step with ORTModule (a fresh machine first builds its C++ extension, about a "
-    "minute); torch: ORT is only looked up.",
+@backend_option(
+    "ort: also train a step with ORTModule (a fresh machine first builds its C++ extension, about a minute); "
+    "torch: ORT is only looked up."
 )
 def doctor(as_json: bool, ray_address: str | None, backend: str) -> None:
     """Check what works on this machine (torch, GPU memory through NVML, storage drivers, the Ray cluster,
