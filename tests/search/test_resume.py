@@ -80,12 +80,14 @@ def test_eight_processes_racing_to_create_a_fresh_database(storage) -> None:
     engine.dispose()
 
 
+KINDS = ("measured", "verification")
+
+
 def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     # 7 trial runs: the probe, 5 search trials, the verification's 1; the kill lands on the third or, on a
     # loaded machine where that one started before the signal was armed, the fourth: a search trial either way
     first = tuner(tmp_path, "resume", trials=7, storage=storage)
-    counted_trials = lambda: trials_of(tmp_path, "resume", storage)  # noqa: E731
-    counted = lambda: sum("outcome" in t.user_attrs for t in counted_trials())  # noqa: E731
+    counted = lambda: sum("outcome" in t.user_attrs for t in trials_of(tmp_path, "resume", storage))  # noqa: E731
     measuring = lambda: [  # noqa: E731
         t
         for t in trials_of(tmp_path, "resume", storage)
@@ -107,9 +109,6 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     running = measuring()
     assert len(running) == 1, trial_summary(trials_of(tmp_path, "resume", storage))  # the one it interrupted
     interrupted = running[0]
-    measured = sum(
-        t.user_attrs.get("kind") == "measured" and "outcome" in t.user_attrs for t in counted_trials()
-    )
     time.sleep(1.0)
     assert [pid for pid in trial_pids(tmp_path) if alive(pid)] == []
 
@@ -129,11 +128,11 @@ def test_kill_9_mid_trial_then_resume(tmp_path, storage) -> None:
     assert retries[0].params == interrupted.params
     assert retries[0].user_attrs["outcome"] == "complete"
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    # the second run's 5 trial runs: the retry and 2 more search trials, then one round of its 2 contenders
-    assert (
-        sum(t.user_attrs.get("kind") == "measured" and "outcome" in t.user_attrs for t in trials)
-        == measured + 3
-    )
+    # the second run's trial runs, the retry among them, within its --trials 5 (how many of them the search
+    # takes depends on where the kill fell: the third search trial, or on a loaded machine the fourth)
+    second_runs = [t for t in trials if t.number > interrupted.number and t.user_attrs.get("kind") in KINDS]
+    assert len(second_runs) <= 5 and all("outcome" in t.user_attrs for t in second_runs)
+    assert {t.user_attrs["kind"] for t in second_runs} == set(KINDS)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
