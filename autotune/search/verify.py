@@ -5,7 +5,8 @@ configurations whose throughput interval overlaps the leader's are its *rivals* 
 next best when the leader's verified reading falls below that configuration's interval (a busy machine
 once made a one-reading winner of a configuration that verified at half its speed). With rivals, every
 contender is re-run longer, interleaved (A B C A B C: a load that comes and goes falls on all of them),
-ROUNDS times; so is the leader whose longer run disagrees with its own search reading beyond their intervals
+up to ROUNDS times (a round decides where none of its readings was disturbed and every contender ties
+with the fastest or lies below it beyond both intervals: :func:`_decided`); so is the leader whose longer run disagrees with its own search reading beyond their intervals
 (autotune.search.noise.disagree), beside the next best: a 48x disagreement is measured, never answered.
 Each contender's throughput is then the median of all its readings, the search's included
 (autotune.core.stats.pooled); the fastest wins, and among those within its noise the one with the smaller
@@ -45,7 +46,7 @@ MAX_VERIFICATIONS = 3  # leaders verified before the search gives up
 TIE = 0.025  # contenders this close to the fastest (or within its noise, if less) tie: the smaller peak wins
 MAX_SETTLING = 2  # longer runs of a contender whose peaks split evenly over the limit (one decides)
 MAX_CONTENDERS = 3  # the leader and at most two rivals are measured again
-ROUNDS = 2  # interleaved longer runs of each contender
+ROUNDS = 2  # interleaved longer runs of each contender, at most
 POLL_SECONDS = 0.5
 
 
@@ -145,15 +146,26 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
         contenders.extend(rivals_)
     contenders, rounds = _within_cost(search, contenders)
     fitting = set(contenders)
+    latest: set[int] = set()  # the numbers of the last round's readings
     for round_ in range(1, rounds + 1):
-        if round_ > 1 and (spent := _unaffordable(search, len(fitting))) is not None:
-            search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {spent}")
-            break
+        if round_ > 1:
+            left = [c for c in contenders if c in fitting]
+            if (decided := _decided(records_of(search.study), left, latest)) is not None:
+                search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {decided}")
+                break
+            if (spent := _unaffordable(search, len(fitting))) is not None:
+                search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {spent}")
+                break
+        latest = set()
         for config in contenders:
             if config in fitting:
                 note = f"re-measures trial {{trial}} (round {round_} of {rounds})"
                 _run_verification(search, lease, config, settings, note)
-                if peak_verdict(records_of(search.study), config, search.limit) is False:
+                records = records_of(search.study)
+                latest.add(
+                    max(r.number for r in records if r.config == config and r.kind is TrialKind.VERIFICATION)
+                )
+                if peak_verdict(records, config, search.limit) is False:
                     fitting.discard(config)
     fitting = {c for c in contenders if c in fitting and _fits(search, lease, c, settings)}
     if not fitting:
@@ -162,6 +174,30 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     records = records_of(search.study)
     chosen = choose(records, [c for c in contenders if c in fitting], model_of(records, search.savings).noise)
     return _store(search, lease, chosen, records)
+
+
+def _decided(records: list[TrialRecord], contenders: list[Configuration], latest: set[int]) -> str | None:
+    """Why another round of side-by-side readings would not change the answer, None while it could: no
+    reading of the last round (``latest``: their numbers) was taken while the machine was busy
+    (autotune.search.noise.disturbed), and one contender is left (a leader measured again because its own
+    readings disagreed: the median of three) or each contender either ties with the fastest by all its
+    readings (within TIE: :func:`choose` then decides on peaks and the model's structure, which a reading
+    more does not move) or lies below it beyond both intervals. The second round is for a load that comes
+    and goes; on a quiet machine the first decides (issue 41: verification took 35 of a quiet demo's 56 s,
+    two rounds of three contenders)."""
+    if noise.disturbed(records) & latest:
+        return None
+    if len(contenders) < 2:  # its own readings disagreed: a third, undisturbed, makes their median
+        return "its reading was not disturbed, and one contender is left"
+    readings = _readings(records)
+    fastest = max(contenders, key=lambda c: readings[c].mid)
+    bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
+    if any(bar > readings[c].mid and readings[c].high >= readings[fastest].low for c in contenders):
+        return None
+    return (
+        f"none of its readings was disturbed, and each contender ties with {_name(fastest)} or lies below "
+        "it beyond both intervals"
+    )
 
 
 def _fits(search: Search, lease: Lease, config: Configuration, settings: TrialSettings) -> bool:

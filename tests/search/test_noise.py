@@ -49,16 +49,17 @@ def configs(records, kind: TrialKind) -> list[tuple[int, str]]:
 def test_a_slow_reading_of_the_true_best_is_re_measured_against_the_one_reading_winner(tmp_path) -> None:
     """A:1@48 runs at 410 samples/s (overhead 1.8), but its one trial in the search ran 1.3x slower (315):
     on one reading none@24 (387) wins. The model fitted to the other configurations predicts A:1@48 at
-    ~410, so it is a rival: both are re-run longer, interleaved, and A:1@48 wins. Its two side-by-side
-    readings overrule the slow search reading (autotune.search.noise.overruled): the answer's speed is
-    theirs."""
+    ~410, so it is a rival: both are re-run longer, side by side, and A:1@48 wins. Its side-by-side reading
+    overrules the slow search reading (autotune.search.noise.overruled): the answer's speed is its own. One
+    round decides (verify._decided): none of its readings was disturbed, and A:1@48 reads above none@24
+    beyond both intervals."""
     data = tune(tmp_path, 1.8, "48:A:1#0=1.3")
     records = trials(tmp_path)
     one_reading = best_record(records, data["limit_bytes"])
     assert one_reading is not None and (one_reading.batch_size, one_reading.plan) == (24, "none")
-    assert configs(records, TrialKind.VERIFICATION) == [(24, "none"), (48, "A:1")] * 2
+    assert configs(records, TrialKind.VERIFICATION) == [(24, "none"), (48, "A:1")]
     assert (data["batch_size"], data["plan"]) == (48, "A:1")
-    assert data["readings"] == 2  # its two longer runs; its search trial, 1.3x slow, is overruled
+    assert data["readings"] == 1  # its longer run; its search trial, 1.3x slow, is overruled
     assert data["samples_per_sec_low"] < data["samples_per_sec"] < data["samples_per_sec_high"]
     side_by_side = [
         r.throughput
@@ -208,3 +209,48 @@ def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side
     calm = [under(0.0, r) for r in loaded]
     assert choose(calm, [(128, "none"), (384, "none")], 0.0) == (128, "none")
     assert choose(calm, [(384, "R:0.5"), (384, "none")], 0.0) == (384, "R:0.5")
+
+
+def test_a_round_of_side_by_side_readings_decides_unless_it_was_disturbed_or_left_them_apart_within_the_noise() -> (
+    None
+):
+    """The second interleaved round is for a load that comes and goes (verify._decided): after a round
+    whose readings were not disturbed, the contenders tied with the fastest (within 2.5%) or below it beyond
+    both intervals are decided; one whose interval reaches the fastest's without tying it, or a disturbed
+    reading of the round, takes another round."""
+    import dataclasses
+
+    from autotune.hardware.load import Load
+    from autotune.search.propose import Configuration
+    from autotune.search.verify import _decided
+
+    v = TrialKind.VERIFICATION
+    apart = [_reading(0, 16, "none", 100.0), _reading(1, 32, "none", 120.0), _reading(2, 16, "none", 100.0, v),
+             _reading(3, 32, "none", 121.0, v)]  # fmt: skip
+    contenders = [Configuration(16, "none"), Configuration(32, "none")]
+    assert _decided(apart, contenders, {2, 3}) is not None
+    tied = [_reading(0, 16, "none", 120.0), apart[1], _reading(2, 16, "none", 120.2, v), apart[3]]
+    assert _decided(tied, contenders, {2, 3}) is not None  # within the noise: choose() decides on peaks
+    wide = dataclasses.replace(
+        tied[2], samples_per_sec=110.0, samples_per_sec_low=90.0, samples_per_sec_high=130.0
+    )
+    overlapping = [
+        tied[0],
+        _reading(1, 32, "none", 121.0),
+        wide,
+        tied[3],
+    ]  # a wide reading reaches the fastest
+    assert _decided(overlapping, contenders, {2, 3}) is None
+
+    def busy(record):
+        return dataclasses.replace(record, load=Load(0.6, None, 5.0, 2))
+
+    quiet = [dataclasses.replace(r, load=Load(0.0, None, 5.0, 2)) for r in apart]
+    assert _decided(quiet, contenders, {2, 3}) is not None
+    assert (
+        _decided([*quiet[:3], busy(quiet[3])], contenders, {2, 3}) is None
+    )  # a disturbed reading of the round
+    assert (
+        _decided([*quiet[:3], busy(quiet[3])], contenders, {2}) is not None
+    )  # ... of an earlier round: decided
+    assert _decided(apart[:1] + apart[2:3], contenders[:1], {2}) is not None  # one contender: a third reading
