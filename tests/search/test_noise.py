@@ -57,9 +57,11 @@ def test_a_slow_reading_of_the_true_best_is_re_measured_against_the_one_reading_
     records = trials(tmp_path)
     one_reading = best_record(records, data["limit_bytes"])
     assert one_reading is not None and (one_reading.batch_size, one_reading.plan) == (24, "none")
-    assert configs(records, TrialKind.VERIFICATION) == [(24, "none"), (48, "A:1")]
+    rounds = configs(records, TrialKind.VERIFICATION)
+    assert rounds[:2] == [(24, "none"), (48, "A:1")]
+    assert rounds[2:] in ([], [(24, "none"), (48, "A:1")])  # a second round where a loaded CI disturbed it
     assert (data["batch_size"], data["plan"]) == (48, "A:1")
-    assert data["readings"] == 1  # its longer run; its search trial, 1.3x slow, is overruled
+    assert data["readings"] == len(rounds) // 2  # its longer runs; its search trial, 1.3x slow, is overruled
     assert data["samples_per_sec_low"] < data["samples_per_sec"] < data["samples_per_sec_high"]
     side_by_side = [
         r.throughput
@@ -74,7 +76,7 @@ def test_a_winner_that_verifies_below_a_rival_is_measured_again_and_kept_on_its_
     """none@24 (387) leads clearly; A:1 (overhead 3.5) was measured at 24 (~231), and at 48 (~304) where the
     search's readings did not rule it out (a busy machine's step times decide that: CI's measured it). none@24's
     longer run is 1.9x slower (~204): below the best A:1 reading's interval, so one reading would now dethrone
-    it. The leader and that challenger are re-run, interleaved, and none@24 stays on the median of its four
+    it. The leader and that challenger are re-run, interleaved, and none@24 stays on the median of its
     readings."""
     data = tune(tmp_path, 3.5, "24:none#1=1.9")
     records = trials(tmp_path)
@@ -89,14 +91,18 @@ def test_a_winner_that_verifies_below_a_rival_is_measured_again_and_kept_on_its_
         key=lambda r: r.throughput.mid,
     )
     rival = (challenger.batch_size, challenger.plan)
-    assert configs(records, TrialKind.VERIFICATION) == [(24, "none"), *[(24, "none"), rival] * 2]
+    first, *rounds = configs(records, TrialKind.VERIFICATION)
+    assert first == (24, "none") and rounds[:2] == [(24, "none"), rival]
+    # a second round only where the first's readings were disturbed (a loaded CI worker's step times can
+    # shift within a trial) or left the two apart within their noise: verify._decided
+    assert rounds[2:] in ([], [(24, "none"), rival])
     notes = [r.note for r in records if r.kind is TrialKind.VERIFICATION]
     leader = next(
         r.number for r in records if r.kind is TrialKind.MEASURED and (r.batch_size, r.plan) == (24, "none")
     )
     assert notes[:2] == [f"verifies trial {leader}", f"re-measures trial {leader} (round 1 of 2)"]
     assert (data["batch_size"], data["plan"]) == (24, "none")
-    assert data["readings"] == 4
+    assert data["readings"] == 2 + len(rounds) // 2  # the search's, the slow one's, each round's
 
 
 def test_a_quiet_gap_leader_disproved_side_by_side_loses_to_the_batch_read_twice_under_load(tmp_path) -> None:

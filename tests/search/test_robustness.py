@@ -140,13 +140,17 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     )
     records = trials(tmp_path)
     checks = [(r.batch_size, r.plan) for r in records if r.kind is TrialKind.VERIFICATION]
-    assert checks == [(24, "none")] * 2
+    # once more (a second time only where a loaded CI's step times disturbed the first: verify._decided)
+    assert checks in ([(24, "none")] * 2, [(24, "none")] * 3)
     assert (data["batch_size"], data["plan"]) == (24, "none")
     speeds = sorted(r.samples_per_sec or 0 for r in records if (r.batch_size, r.plan) == (24, "none"))
-    assert speeds[-1] / speeds[0] > 2 and data["readings"] == 3
-    assert data["samples_per_sec"] == speeds[1]  # the median of three, not the mean of two
+    n = len(speeds)
+    assert n == 1 + len(checks) and speeds[-1] / speeds[0] > 2 and data["readings"] == n
+    assert (
+        speeds[(n - 1) // 2] <= data["samples_per_sec"] <= speeds[n // 2]
+    )  # their median, not the mean of two
     assert data["certainty"].startswith("readings of one configuration varied 2.")
-    assert data["certainty"].endswith("between trials: the answer was measured 3 times")
+    assert data["certainty"].endswith(f"between trials: the answer was measured {n} times")
 
 
 def test_a_verification_peak_over_the_limit_among_readings_under_it_is_measured_again(tmp_path) -> None:
