@@ -42,7 +42,7 @@ from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import contradicted, next_attempt, out_of_order, overruled, unsettled
 from autotune.search.records import Configuration, ProposedBy, TrialKind, TrialRecord, best_record
 from autotune.search.space import SearchSpace
-from autotune.search.throughput_model import Reading, ThroughputModel
+from autotune.search.throughput_model import Reading, ThroughputModel, dominates
 
 UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this share of the heaviest's
 
@@ -143,10 +143,18 @@ def propose(
     value = _Valuation(speed, space, _reach(frontier, per_rank, model, space, limit), _bar(speed, incumbent))
     # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
     # what rules the recompute plans in or out.
+    # And measured whatever the fitted curve says where it dominates the incumbent by the model's structure
+    # (a larger batch of its plan): samples/s does not fall with the batch, and a curve that falls was
+    # fitted to readings a busy machine took (issue 42: the demo beside two bursting neighbours read none@1
+    # at 41, none@2 and none@4 at 2-24, never measured none@32, and answered none@1 at half its speed).
     first = next((c for c in untried if c.plan == space.uniform_plans[0]), None)
+    anchor = first is not None and (
+        value.worth(first)
+        or (incumbent is not None and (i := incumbent.config) is not None and dominates(first, i))
+    )
     contenders = sum(value.worth(c) for c in {*candidates, *([first] if first else [])})
-    if first is not None and value.worth(first):
-        return Proposal(*first, ProposedBy.FRONTIER, contenders)
+    if first is not None and anchor:
+        return Proposal(*first, ProposedBy.FRONTIER, max(contenders, 1))
     best = max(candidates, key=value.promise, default=None)
     if best is not None and value.worth(best):
         why = ProposedBy.FRONTIER if best.batch_size == frontier[best.plan] else ProposedBy.CANDIDATE

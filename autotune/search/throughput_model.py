@@ -339,3 +339,13 @@ def plan_recomputes_at_least(plan: str, other: str) -> bool:
         return recomputes_at_least(parse_plan(plan), parse_plan(other))
     except InputError:
         return False
+
+
+def dominates(config: tuple[int, str], other: tuple[int, str]) -> bool:
+    """Whether ``config`` is at least as fast as ``other`` by the throughput model's structure: the same plan
+    at a larger batch (throughput does not fall with the batch), or the same batch with a plan that
+    ``other``'s recomputes at least."""
+    (batch, plan), (other_batch, other_plan) = config, other
+    if plan == other_plan:
+        return batch > other_batch
+    return batch == other_batch and plan_recomputes_at_least(other_plan, plan)

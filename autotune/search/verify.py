@@ -36,7 +36,7 @@ from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, model_of, speed_of
 from autotune.search.records import READINGS, ProposedBy, TrialKind, TrialRecord, best_record, peak_verdict
-from autotune.search.throughput_model import plan_recomputes_at_least
+from autotune.search.throughput_model import dominates
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
 from autotune.trials.result import TrialResult
@@ -112,17 +112,15 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
         search.reporter.note(f"{_name(leader)} answered unverified: {spent} before its verification")
         return _store(search, lease, leader, records_of(search.study))
     records = records_of(search.study)
-    dominating = _dominating(search, leader, records)
-    if dominating:
-        names = " and ".join(_name(c) for c in dominating)
+    stronger = dominating(leader, [c for c, _ in _fitting_configs(search, records)], records)
+    if stronger:
+        names = " and ".join(_name(c) for c in stronger)
         search.reporter.note(
             f"{_name(leader)} leads on readings a busy machine took; {names} "
-            f"{'fits' if len(dominating) == 1 else 'fit'} and cannot be slower by the throughput model's "
+            f"{'fits' if len(stronger) == 1 else 'fit'} and cannot be slower by the throughput model's "
             "structure: measured beside it"
         )
-    contenders = list(dict.fromkeys([leader, *dominating, *_rivals(search, leader, records)]))[
-        :MAX_CONTENDERS
-    ]
+    contenders = list(dict.fromkeys([leader, *stronger, *_rivals(search, leader, records)]))[:MAX_CONTENDERS]
     if len(contenders) == 1:
         result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
         if not _fits(search, lease, leader, settings):
@@ -294,7 +292,7 @@ def rivals(
     first; ``ranked``: the fitting configurations with their readings, fastest first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
     configuration's readings predicts them within it (a slow reading of a configuration the rest of the
     landscape says is fast is the machine's noise, not the configuration's speed) and the model's own
-    structure does not rank them below the leader (:func:`_dominates`: the leader's plan at a smaller batch
+    structure does not rank them below the leader (:func:`autotune.search.throughput_model.dominates`: the leader's plan at a smaller batch
     is never faster than the leader, whatever a fit extrapolated below the batches it was fitted on says).
 
     Measured (#32): a loop whose throughput is flat from batch 4 to 24 had batch 1 (20.3 samples/s) re-measured
@@ -308,7 +306,7 @@ def rivals(
         # Only what the others measured predicts a configuration: its plan's overhead or the curve itself.
         known = config.plan == others.reference or config.plan in others.overhead
         predicted = (others.predict(*config) or 0.0) if known else 0.0
-        plausible = predicted >= own.low and not _dominates(leader, config)
+        plausible = predicted >= own.low and not dominates(leader, config)
         if config != leader and (reading.overlaps(own) or plausible):
             likely[config] = max(reading.mid, predicted)
     return sorted(likely, key=lambda c: -likely[c])[: MAX_CONTENDERS - 1]
@@ -335,7 +333,7 @@ def challengers(
     fitting configurations with their readings): those that could be faster than it verified, by the
     throughput model fitted to every reading no verification overruled (autotune.search.noise.overruled),
     a configuration as fast as its own readings or the model say, whichever is more; first those that no
-    other fitting configuration dominates by the model's structure (:func:`_dominates`: the same plan at a
+    other fitting configuration dominates by the model's structure (:func:`autotune.search.throughput_model.dominates`: the same plan at a
     larger batch, ``none`` at the same batch), the likeliest first. Not the next by its raw reading: on a
     busy machine that is another reading taken in a quiet gap.
 
@@ -351,7 +349,7 @@ def challengers(
         estimate = max(reading.mid, model.predict(*config) or 0.0)
         if config != leader and max(reading.high, estimate) >= floor:
             likely[config] = estimate
-    undominated = {c for c in likely if not any(_dominates(o, c) for o in fitting if o != c)}
+    undominated = {c for c in likely if not any(dominates(o, c) for o in fitting if o != c)}
     order = sorted(likely, key=lambda c: (c not in undominated, -likely[c], c))
     return order[: MAX_CONTENDERS - 1]
 
@@ -362,22 +360,26 @@ def _loaded(records: list[TrialRecord], configs: list[Configuration]) -> bool:
     return any(r.number in busy for r in records if r.config in configs and r.kind in READINGS)
 
 
-def _dominating(search: Search, leader: Configuration, records: list[TrialRecord]) -> list[Configuration]:
-    """Where a busy machine took the leader's readings: the fitting configurations that dominate it by the
-    throughput model's structure (:func:`_dominates`: its plan at a larger batch, a plan recomputing less at
-    its batch), those no other of them dominates; they are verified beside it (issue 42: beside four
-    bursting neighbours on 2 cores, a larger batch read slower even side by side: every answer of
-    examples/mlp.py at 700 MB was a smaller batch of ``none`` than the quiet optimum, none@384, at 0.53-0.86
-    of its quiet speed)."""
-    if not _loaded(records, [leader]):
+def dominating(
+    leader: Configuration, fitting: list[Configuration], records: list[TrialRecord]
+) -> list[Configuration]:
+    """Where a busy machine took the readings of the leader or of a fitting configuration that dominates it
+    by the throughput model's structure (:func:`autotune.search.throughput_model.dominates`: its plan at a
+    larger batch, a plan recomputing less at its batch): those configurations, the ones no other of them
+    dominates; they are verified beside it. Issue 42: beside four bursting neighbours on 2 cores, a larger
+    batch read slower even side by side (every answer of examples/mlp.py at 700 MB was a smaller batch of
+    ``none`` than the quiet optimum, none@384, at 0.53-0.86 of its quiet speed); and the demo beside two
+    such neighbours read none@1 at 41 in a quiet moment and none@2 and none@4 at 2-24 in busy ones, and
+    answered none@1 at half of none@32's speed."""
+    above = [c for c in fitting if dominates(c, leader)]
+    if not _loaded(records, [leader, *above]):
         return []
-    above = [c for c, _ in _fitting_configs(search, records) if _dominates(c, leader)]
-    return [c for c in above if not any(_dominates(o, c) for o in above)][: MAX_CONTENDERS - 1]
+    return [c for c in above if not any(dominates(o, c) for o in above)][: MAX_CONTENDERS - 1]
 
 
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
     """The fastest contender by all its readings; among those within its noise (at most TIE of its speed):
-    first, those that another tied contender does not dominate (:func:`_dominates`: where readings cannot
+    first, those that another tied contender does not dominate (:func:`autotune.search.throughput_model.dominates`: where readings cannot
     tell two configurations apart, the throughput model's structure can); of those, the ones whose peak
     (the median of its readings) is within the memory noise of the smallest; of those, the fastest.
 
@@ -392,7 +394,7 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     reads slower than it runs on the machine the answer is for (torch's threads wait on one another when a
     core is taken from them), and readings taken side by side do not undo that."""
     if _loaded(records, contenders):
-        contenders = [c for c in contenders if not any(_dominates(o, c) for o in contenders)]
+        contenders = [c for c in contenders if not any(dominates(o, c) for o in contenders)]
     readings = _readings(records)
     peaks = {
         c: statistics.median(
@@ -403,20 +405,10 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
     close = [c for c in contenders if readings[c].mid >= bar]
-    undominated = [c for c in close if not any(_dominates(o, c) for o in close)] or close
+    undominated = [c for c in close if not any(dominates(o, c) for o in close)] or close
     smallest = min(peaks[c] for c in undominated)
     lean = [c for c in undominated if peaks[c] <= smallest + memory_noise]
     return max(lean, key=lambda c: (readings[c].mid, -peaks[c]))
-
-
-def _dominates(config: Configuration, other: Configuration) -> bool:
-    """Whether ``config`` is at least as fast as ``other`` by the throughput model's structure: the same plan
-    at a larger batch (throughput does not fall with the batch), or the same batch with a plan that
-    ``other``'s recomputes at least (autotune.search.throughput_model)."""
-    (batch, plan), (other_batch, other_plan) = config, other
-    if plan == other_plan:
-        return batch > other_batch
-    return batch == other_batch and plan_recomputes_at_least(other_plan, plan)
 
 
 def _store(search: Search, lease: Lease, config: Configuration, records: list[TrialRecord]) -> BestRow:

@@ -24,7 +24,7 @@ from autotune.search.memory_model import MemoryModel, Observation, memory_noise
 from autotune.search.noise import certainty, out_of_order, overruled
 from autotune.search.optuna_trials import records_of
 from autotune.search.propose import Finished, Proposal, model_of, propose, speed_of
-from autotune.search.records import REMEASURE, TrialKind, TrialRecord, best_record, peak_verdict
+from autotune.search.records import REMEASURE, ProposedBy, TrialKind, TrialRecord, best_record, peak_verdict
 from autotune.search.space import SearchSpace
 from autotune.search.verify import choose
 
@@ -327,26 +327,29 @@ def test_a_reading_lower_at_a_larger_batch_is_a_question_measured_between() -> N
 
 def test_a_busy_machine_s_readings_that_decide_the_stop_are_measured_again_interleaved() -> None:
     """The demo's batch-1 run of issue 25: batch 1 read 62.5 on a quiet machine, batch 4 read 2.5 on a busy
-        one, and the old rule stopped at once ("none@32 could reach at most 2.9"). Batch 4's reading, the one
-        that rules the rest out, is measured again (twice: its two readings disagree); the median of three is the
-    quiet one, the curve rises and the search goes on."""
+    one, and the old rule stopped at once ("none@32 could reach at most 2.9"). The frontier, none@32, is a
+    larger batch of the incumbent's plan: measured whatever the falling curve says. It reads busy too; the
+    readings that rule the rest out are measured again (batch 4 twice: its two readings disagree), and
+    the curve rises."""
     records = [reading(0, 1, 62.5), reading(1, 4, 2.5, BUSY)]
-    assert next_for(records) == Proposal(4, "none", "re-measure", attempt=2)
-    records.append(reading(2, 4, 240.0))
+    assert next_for(records) == Proposal(32, "none", "frontier", contenders=1)
+    records.append(reading(2, 32, 3.0, BUSY))
+    assert next_for(records) == Proposal(32, "none", "re-measure", attempt=2)
+    records.append(reading(3, 4, 240.0))
     assert next_for(records) == Proposal(4, "none", "re-measure", attempt=3)  # 2.5 and 240 disagree
-    records.append(reading(3, 4, 238.0))
-    assert next_for(records) == Proposal(32, "none", "frontier", contenders=1)  # the curve rises
-    # On a quiet machine the same two readings are trusted, and the drop is probed between.
-    quiet = [reading(0, 1, 62.5), reading(1, 4, 2.5)]
+    records.append(reading(4, 4, 238.0))
+    assert next_for(records) == Proposal(32, "none", "re-measure", attempt=2)  # the frontier's busy reading
+    # On a quiet machine the same readings, the frontier's included, are trusted: the drop is probed between.
+    quiet = [reading(0, 1, 62.5), reading(1, 4, 2.5), reading(2, 32, 3.0)]
     assert next_for(quiet) == Proposal(2, "none", "between")
-    # Both read busy (or where the kernel gives no CPU pressure): both are measured again, interleaved.
+    # Both read busy (or where the kernel gives no CPU pressure): measured again, interleaved.
     for load in (BUSY, Load(None, None, 1.0, 2)):
-        both = [reading(0, 1, 62.5, load), reading(1, 4, 2.5, load)]
+        both = [reading(0, 1, 62.5, load), reading(1, 4, 2.5, load), reading(8, 32, 3.0, load)]
         if load is BUSY:
             both.append(reading(2, 2, 30.0, QUIET))  # a quiet trial to compare the pressure with
         assert next_for(both) == Proposal(1, "none", "re-measure", attempt=2)
         both.append(reading(9, 1, 60.0, load))
-        assert next_for(both) == Proposal(4, "none", "re-measure", attempt=2)
+        assert next_for(both) == Proposal(32, "none", "re-measure", attempt=2)
 
 
 def test_a_re_measurement_is_a_second_opinion_not_one_of_the_trials_asked_for() -> None:
@@ -501,6 +504,44 @@ def test_a_reading_whose_interval_reaches_zero_breaks_no_order() -> None:
     for low in (0.0, -10.0):
         records = records_with(low)
         assert out_of_order(records, speed_of(records).pooled) is None, low
-        stop = next_for(records)  # as at ±50%: nothing is predicted to beat none@4
+        # as at ±50%: the frontier, a larger batch of none@4's plan (samples/s does not fall with the batch)
+        assert next_for(records) == Proposal(48, "none", "frontier", contenders=1), low
+        records.append(plan_reading(2, 48, "none", 240.0, 8))
+        stop = next_for(records)  # nothing left is predicted to beat none@4
         assert isinstance(stop, Finished), low
         assert stop.reason.startswith("no remaining configuration is predicted to beat none@4 (253.5"), low
+
+
+def test_a_larger_batch_of_the_incumbent_s_plan_is_measured_whatever_a_curve_fitted_to_busy_readings_says() -> (
+    None
+):
+    """The demo beside two bursting neighbours (issue 42's bench, this session): none@1 read 41 samples/s in
+    a quiet moment, none@2 and none@4 18-24 in busy ones; the curve fitted to them falls with the batch,
+    ruled none's frontier out, and the search stopped and answered none@1 at half of none@32's speed.
+    Samples/s does not fall with the batch of one plan: the frontier (32 here: 100 MiB + 10 per sample
+    under 500) dominates the incumbent, and is measured."""
+    records = [
+        reading(0, 1, 41.0),
+        reading(1, 4, 24.0, BUSY),
+        reading(2, 4, 23.0, BUSY),  # measured again: still busy, and agreeing
+        reading(3, 2, 18.0, BUSY),
+    ]
+    proposal = next_for(records)
+    assert isinstance(proposal, Proposal), proposal
+    assert (proposal.batch_size, proposal.plan, proposal.why) == (32, "none", ProposedBy.FRONTIER)
+
+
+def test_configurations_that_dominate_a_quietly_read_leader_are_verified_beside_it_where_theirs_were_busy() -> (
+    None
+):
+    """The same demo: the leader none@1's reading was quiet and those of none@2 and none@4, which dominate it,
+    busy; they are verified beside it (the one that dominates the other: none@4), as they are where the
+    leader's own readings were busy. On a quiet machine the readings decide: nothing is added."""
+    from autotune.search.propose import Configuration
+    from autotune.search.verify import dominating
+
+    leader, two, four = Configuration(1, "none"), Configuration(2, "none"), Configuration(4, "none")
+    busy = [reading(0, 1, 41.0), reading(1, 4, 24.0, BUSY), reading(2, 2, 18.0, BUSY)]
+    assert dominating(leader, [leader, two, four], busy) == [four]
+    quiet = [reading(0, 1, 41.0), reading(1, 4, 24.0), reading(2, 2, 18.0)]
+    assert dominating(leader, [leader, two, four], quiet) == []
