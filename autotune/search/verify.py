@@ -6,8 +6,9 @@ next best when the leader's verified reading falls below that configuration's in
 once made a one-reading winner of a configuration that verified at half its speed). With rivals, every
 contender is re-run longer, interleaved (A B C A B C: a load that comes and goes falls on all of them),
 up to ROUNDS times (a round decides where none of its readings was disturbed and every contender ties
-with the fastest or lies below it beyond both intervals: :func:`_decided`); so is the leader whose longer run disagrees with its own search reading beyond their intervals
-(autotune.search.noise.disagree), beside the next best: a 48x disagreement is measured, never answered.
+with the fastest or lies below it beyond both intervals: :func:`_decided`); so is the leader whose longer
+run disagrees with its own search reading beyond their intervals (autotune.search.noise.disagree), beside
+the next best: a 48x disagreement is measured, never answered.
 Each contender's throughput is then the median of all its readings, the search's included
 (autotune.core.stats.pooled); the fastest wins, and among those within its noise the one with the smaller
 peak where the peaks differ by more than the memory noise, so the same job on the same machine gives the
@@ -289,10 +290,11 @@ def rivals(
     transfer: dict[str, float] | None = None,
 ) -> list[Configuration]:
     """The configurations that could be as fast as the leader (at most MAX_CONTENDERS - 1, the likeliest
-    first; ``ranked``: the fitting configurations with their readings, fastest first): their readings' interval overlaps the leader's, or the throughput model fitted to every *other*
-    configuration's readings predicts them within it (a slow reading of a configuration the rest of the
+    first; ``ranked``: the fitting configurations with their readings, fastest first): their readings'
+    interval overlaps the leader's, or the throughput model fitted to every *other* configuration's
+    readings predicts them within it (a slow reading of a configuration the rest of the
     landscape says is fast is the machine's noise, not the configuration's speed) and the model's own
-    structure does not rank them below the leader (:func:`autotune.search.throughput_model.dominates`: the leader's plan at a smaller batch
+    structure does not rank them below the leader (:func:`dominates`: the leader's plan at a smaller batch
     is never faster than the leader, whatever a fit extrapolated below the batches it was fitted on says).
 
     Measured (#32): a loop whose throughput is flat from batch 4 to 24 had batch 1 (20.3 samples/s) re-measured
@@ -333,7 +335,7 @@ def challengers(
     fitting configurations with their readings): those that could be faster than it verified, by the
     throughput model fitted to every reading no verification overruled (autotune.search.noise.overruled),
     a configuration as fast as its own readings or the model say, whichever is more; first those that no
-    other fitting configuration dominates by the model's structure (:func:`autotune.search.throughput_model.dominates`: the same plan at a
+    other fitting configuration dominates by the model's structure (:func:`dominates`: the same plan at a
     larger batch, ``none`` at the same batch), the likeliest first. Not the next by its raw reading: on a
     busy machine that is another reading taken in a quiet gap.
 
@@ -379,7 +381,7 @@ def dominating(
 
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
     """The fastest contender by all its readings; among those within its noise (at most TIE of its speed):
-    first, those that another tied contender does not dominate (:func:`autotune.search.throughput_model.dominates`: where readings cannot
+    first, those that another tied contender does not dominate (:func:`dominates`: where readings cannot
     tell two configurations apart, the throughput model's structure can); of those, the ones whose peak
     (the median of its readings) is within the memory noise of the smallest; of those, the fastest.
 
