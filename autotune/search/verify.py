@@ -149,11 +149,9 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     for round_ in range(1, rounds + 1):
         if round_ > 1:
             left = [c for c in contenders if c in fitting]
-            if (decided := _decided(records_of(search.study), left, latest)) is not None:
-                search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {decided}")
-                break
-            if (spent := _unaffordable(search, len(fitting))) is not None:
-                search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {spent}")
+            ended = _decided(records_of(search.study), left, latest) or _unaffordable(search, len(fitting))
+            if ended is not None:
+                search.reporter.note(f"the verification ends after round {round_ - 1} of {rounds}: {ended}")
                 break
         latest = set()
         for config in contenders:
