@@ -41,18 +41,22 @@ class LeaseTables(Tables):
 
     def claim_verification(self, study: str, batch: int, plan: str, worker: str, device: str) -> Lease | None:
         """Take the verification of (``batch``, ``plan``) for ``worker``: None if any worker has taken it
-        before, or another verification of ``study`` is running or queued. One verification at a time: two
-        runs of a study under load each found none running, then each claimed its own leader (two tied
-        configurations) and verified it, the later answer overwriting the earlier. The check and the
-        insert are one statement (SQLite runs a write statement alone), on PostgreSQL behind a lock on
-        the study's verifications held to the commit (READ COMMITTED would let two inserts pass)."""
+        before, or another verification of ``study`` is running, queued or done. One verification at a
+        time: two runs of a study under load each found none running, then each claimed its own leader (two
+        tied configurations) and verified it, the later answer overwriting the earlier. And none after one
+        is done: a run that read no answer stored just before another run's verification stored it and
+        ended found none running, and verified the next configuration (a loaded machine's two runs of one
+        study). The check and the insert are one statement (SQLite runs a write statement alone), on
+        PostgreSQL behind a lock on the study's verifications held to the commit (READ COMMITTED would let
+        two inserts pass)."""
         kind, leases = LeaseKind.VERIFY, schema.leases
         lease = Lease(0, study, kind, batch, plan, 0, LeaseState.RUNNING, worker, device, None, 0, None)
         values = {**_columns(lease), "updated_at": now()}
         values.pop("id")
         ours = (leases.c.study_name == study, leases.c.kind == kind.value)
         busy = sa.exists().where(
-            *ours, leases.c.state.in_([LeaseState.RUNNING.value, LeaseState.QUEUED.value])
+            *ours,
+            leases.c.state.in_([LeaseState.RUNNING.value, LeaseState.QUEUED.value, LeaseState.DONE.value]),
         )
         taken = sa.exists().where(
             *ours, leases.c.batch_size == batch, leases.c.plan == plan, leases.c.attempt == 0

@@ -92,13 +92,17 @@ def disagreeing(records: list[TrialRecord], config: Configuration) -> bool:
 def overruled(records: Iterable[TrialRecord]) -> set[int]:
     """The numbers of the search readings (measured or warm-started) of a configuration that its own
     verification readings, pooled, contradict (:func:`disagree`): they stand for a moment of the machine's
-    load, not for the configuration."""
+    load, not for the configuration. Only where those verification readings agree among themselves: two
+    that disagree (one taken in a burst) say no more than the search's reading, and the median of all
+    three decides (pooled, the slower two's range would overrule a fast search reading that the faster
+    verification confirms, and the answer be the mean of a burst and a quiet run)."""
     records = list(records)
     out: set[int] = set()
     for config in {r.config for r in records if r.kind is TrialKind.VERIFICATION and r.config is not None}:
         rs = readings(records, config)
-        verified = pooled(_intervals([r for r in rs if r.kind is TrialKind.VERIFICATION]))
-        if verified is None:  # no verification completed
+        checks = _intervals([r for r in rs if r.kind is TrialKind.VERIFICATION])
+        verified = pooled(checks)
+        if verified is None or disagree(checks):  # none completed, or they contradict each other
             continue
         searched = [r for r in rs if r.kind is not TrialKind.VERIFICATION]
         out |= {r.number for r in searched if disagree([*_intervals([r]), verified])}

@@ -30,7 +30,7 @@ import statistics
 import time
 
 from autotune.core.budget import format_bytes
-from autotune.core.errors import NoFitError, StorageFault, TrialLost
+from autotune.core.errors import DamagedData, NoFitError, StorageFault, TrialLost
 from autotune.core.stats import Interval
 from autotune.search import noise
 from autotune.search.loop import Search, Step
@@ -91,6 +91,13 @@ def verify_step(search: Search, settings: TrialSettings) -> tuple[Step, BestRow 
         leases = store.leases(name, kinds=kinds)
         if any(x.state in (LeaseState.RUNNING, LeaseState.QUEUED) for x in leases):
             return Step.BUSY, None
+        if any(x.state is LeaseState.DONE for x in leases):  # another run's, ended since we read no answer
+            if (stored := store.best(name)) is not None:
+                return Step.FINISHED, stored
+            raise DamagedData(
+                f"study {name!r}: its verification is done but the database holds no answer for it (the "
+                "database was edited); --force tunes it again"
+            )
         records = records_of(search.study)
         tried = {(x.batch_size, x.plan) for x in leases}
         candidate = next((c for c, _ in _fitting_configs(search, records) if c not in tried), None)

@@ -174,6 +174,35 @@ def test_the_demo_s_readings_put_batch_32_beside_its_disproved_leader() -> None:
     assert challengers((4, "none"), ranked, records)[0] == (32, "none")
 
 
+def test_verifications_that_disagree_among_themselves_overrule_no_search_reading() -> None:
+    """CI's failure of the slowed-verification test: none@24 read 2252 in the search, then 934 (a burst)
+    and 1950 (a busy moment) in its verifications. Pooled, those two span 934-1950 and contradicted the
+    search's reading, which was left out: the answer became the middle of a burst and a busy run (1442),
+    the very mean of two that the median of three exists to avoid. Verifications that disagree among
+    themselves overrule nothing; two that agree (934 and 950) still overrule it."""
+    from autotune.core.stats import pooled
+    from autotune.search.noise import overruled
+    from autotune.search.propose import speed_of
+
+    search = _reading(0, 24, "none", 2252.0)
+    split = [
+        search,
+        _reading(1, 24, "none", 934.0, TrialKind.VERIFICATION),
+        _reading(2, 24, "none", 1950.0, TrialKind.VERIFICATION),
+    ]
+    assert overruled(split) == set()
+    assert speed_of(split).pooled[(24, "none")].mid == 1950.0  # the median of the three
+    agreeing = [
+        search,
+        _reading(1, 24, "none", 934.0, TrialKind.VERIFICATION),
+        _reading(2, 24, "none", 950.0, TrialKind.VERIFICATION),
+    ]
+    assert overruled(agreeing) == {0}
+    assert speed_of(agreeing).pooled[(24, "none")] == pooled(
+        [r.throughput for r in agreeing[1:] if r.throughput]
+    )
+
+
 def test_a_reading_whose_steps_saw_the_load_change_is_disturbed_even_where_the_kernel_saw_none() -> None:
     """A trial that stopped measuring longer because its later steps read slower (autotune.runtime.settling:
     a load that came as it ran) is a disturbed reading, measured again, interleaved, before it decides the

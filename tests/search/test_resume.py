@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
+from autotune.storage import LeaseKind, LeaseState, open_store
 from autotune.storage.schema import HEAD_REVISION
 
 from conftest import (
@@ -177,8 +178,14 @@ def test_a_second_run_of_a_study_being_tuned_shares_the_work(tmp_path, storage) 
     assert workers == {str(first.pid), str(second.pid)}, summary
     assert [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
     verified = [t for t in trials if t.user_attrs["kind"] == "verification"]
-    # one verification (its rivals re-measured beside it when it has any: here none@48 and A:1@48 tie)
-    assert len({t.user_attrs["lease"] for t in verified}) == 1, summary
+    # One verification at a time (its rivals re-measured beside it when it has any: here none@48 and A:1@48
+    # tie), shared by both runs: one that ends done; before it, only leaders whose verification failed
+    # (a loaded machine's runs once took two leases, the first of them not done).
+    leases = sorted(open_store(storage).leases("shared", kinds=(LeaseKind.VERIFY,)), key=lambda x: x.id)
+    states = [x.state for x in leases]
+    shown = [(x.id, x.batch_size, x.plan, x.attempt, x.state.value, x.worker, x.note) for x in leases]
+    assert states == [LeaseState.FAILED] * (len(leases) - 1) + [LeaseState.DONE], shown
+    assert {t.user_attrs["lease"] for t in verified} <= {x.id for x in leases}, summary
     answer = subprocess.run(
         [AUTOTUNE, "best", "--study", "shared", "--storage", storage, "--json"],
         capture_output=True,

@@ -130,8 +130,9 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     lies above it (the rule that re-measured a 48x fall), yet its own readings disagree. Nothing is answered
     from them: it is measured again, and since the throughput model puts no other configuration above even
     its slow reading (issue 42: rivals by the model, not by raw readings), alone, once (a third reading,
-    undisturbed: verify._decided); the answer is the median of its three readings (the search's, no longer
-    contradicted by its two longer ones pooled), with a line on how noisy the tuning was."""
+    undisturbed: verify._decided); the answer is the median of its three readings (the search's counts: its
+    two longer ones disagree among themselves, so they overrule nothing, however slow a loaded CI made the
+    second: noise.overruled), with a line on how noisy the tuning was."""
     data = tune(
         tmp_path,
         "--budget 290MiB --trials 10 --plans none --batch-sizes 1-128 --steps 3 --warmup-steps 1 --device cpu",

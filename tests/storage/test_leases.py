@@ -101,6 +101,11 @@ def test_one_verification_of_a_study_at_a_time(storage) -> None:
     )
     assert store.claim_verification("s", first.batch_size, "none", WORKER, "cpu") is None  # verified once
     assert store.claim_verification("t", first.batch_size, "none", WORKER, "cpu") is not None  # another study
+    # Once one is done, the study is answered: a run that read no answer just before it was stored claims
+    # none (two runs of one study under load verified two leaders, the later answer overwriting the first).
+    store.end_lease(second.id, LeaseState.DONE)
+    third = next(b for b in range(1, 9) if b not in (first.batch_size, other))
+    assert store.claim_verification("s", third, "none", WORKER, "cpu") is None
 
 
 def test_sibling_threads_of_one_worker_never_share_a_verification(storage) -> None:
