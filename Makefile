@@ -57,11 +57,12 @@ browser:
 # test-compat`); CI runs each phase. No test compares
 # speeds: those are benchmarks (bench/). PYTEST_ARGS adds pytest options: PYTEST_ARGS='-k resume'. pytest
 # exits 5 when it collects no test (a `-k` that matches nothing): we say so and pass.
-# The core suite runs on three workers where the others run on two: most of its tests wait on trials whose
+# The core suite runs on four workers where the others run on two: many of its tests wait on trials whose
 # steps sleep (a verification's twelve 0.25 s steps, a worker's heartbeat grace), and two workers left the
-# two cores idle for 30% of the run (9:56 here; 8:19 on three, bench/results/ci-phases-cpu.txt).
+# two cores idle for 30% of the run (9:56 here; 8:19 on three; on three it grew to 9:07 and CI's 9:50, the
+# cores busy 92% of it on four: 8:27, bench/results/ci-phases-cpu.txt).
 TEST_WORKERS ?= 2
-CORE_WORKERS ?= 3
+CORE_WORKERS ?= 4
 test: $(STAMP) postgres-server browser
 	$(BIN)/python -m pytest -n $(CORE_WORKERS) -m "not scale and not compat and not ranks and not ray" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc

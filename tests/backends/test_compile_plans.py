@@ -106,6 +106,7 @@ print(json.dumps({{"breaks": len(counters["graph_break"]), "graphs": counters["s
 """
 
 
+@pytest.mark.compat  # two inductor compilations, 16 s of CPU: CI's compatibility phase
 @pytest.mark.parametrize("plan", ["Block:1", "Block:0.5/save=matmul"])
 def test_a_module_plan_in_a_compiled_model_is_compiled_with_it_not_run_eagerly(plan: str) -> None:
     """Checkpointing from outside once swapped buffers in a closure that dynamo cannot trace inside a
@@ -122,6 +123,7 @@ def test_a_module_plan_in_a_compiled_model_is_compiled_with_it_not_run_eagerly(p
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # a probe that compiles each budget, 16 s of CPU: CI's compatibility phase
 def test_the_probe_of_a_script_that_compiles_offers_each_distinct_budget_once(tmp_path: Path) -> None:
     from autotune import api
 
