@@ -67,11 +67,13 @@ class PlanCheck:
     grad_delta: float | None = None  # max |grad - grad without a plan|, relative to the largest gradient
     tolerance: float | None = None  # what both deltas must stay within
     error: str | None = None
+    skipped: str | None = None  # why the check did not run: the plan is not offered either
 
     @property
     def ok(self) -> bool:
         return (
             self.error is None
+            and self.skipped is None
             and self.tolerance is not None
             and (self.loss_delta or 0.0) <= self.tolerance
             and (self.grad_delta or 0.0) <= self.tolerance
@@ -82,6 +84,8 @@ class PlanCheck:
         """Why the plan is excluded ("" if it is not)."""
         if self.ok:
             return ""
+        if self.skipped is not None:
+            return f"not checked against no plan: {self.skipped}"
         if self.error is not None:
             return f"fails on this model: {self.error}"
         return (

@@ -22,6 +22,7 @@ plan savings from it in the tuner).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -89,6 +90,12 @@ class Probe:
         for name in self.names:
             modules[name].register_forward_pre_hook(lambda m, args, n=name: self._enter(n, args))
             modules[name].register_forward_hook(lambda m, args, out, n=name: self._leave(n))
+
+    @property
+    def pending(self) -> bool:
+        """Whether the probe still waits for a forward to time or for its plan checks (the trial measures on
+        a few steps for them: autotune.runtime.checks.probe_pending)."""
+        return not self.done or self.checks is None
 
     def after_step(self, trial: Any) -> None:
         """Between two training steps (the trial calls it): once the probe has its data, check the plans
@@ -209,7 +216,16 @@ class Probe:
                     self.outputs[name][kind] += _bytes(tensor)
 
     def result(self) -> TorchProbeReport:
-        """The probe's measurements."""
+        """The probe's measurements. Where the trial ended before the plans were checked, every plan the
+        check would have tried is reported as failing it: no plan is offered unchecked."""
+        report = self._measurements()
+        if self.checks is not None:
+            return report
+        why = "the probe's trial ended before the check ran (the script trained too few steps)"
+        plans = dict.fromkeys([*plans_to_check(report), *self.extra_checks])
+        return dataclasses.replace(report, checks=tuple(PlanCheck(p, skipped=why) for p in plans))
+
+    def _measurements(self) -> TorchProbeReport:
         saved_by: dict[str, Counter[str]] = {n: Counter() for n in self.names}
         saved_in: Counter[str] = Counter()
         for size, kind, stack in self.saved.values():

@@ -220,11 +220,12 @@ def _probe_table(out: Console, data: ProbeReport, table_rows: list[probe.ProbeRo
     for row in table_rows:
         if row.excluded:
             out.print(f"not offered: {row.plan}: {row.excluded}", markup=False, soft_wrap=True)
-    if isinstance(data, TorchProbeReport) and data.checks:
-        passed = [c for c in data.checks if c.ok]
+    checked = [c for c in data.checks if c.skipped is None] if isinstance(data, TorchProbeReport) else []
+    if checked:
+        passed = [c for c in checked if c.ok]
         worst = max((c.grad_delta or 0.0 for c in passed), default=0.0)
         out.print(
-            f"checked against no plan (one step on the probe's batch): {len(passed)} of {len(data.checks)} "
+            f"checked against no plan (one step on the probe's batch): {len(passed)} of {len(checked)} "
             f"plan(s) give the same loss and gradients (largest relative gradient difference {worst:.1e})",
             markup=False,
             soft_wrap=True,

@@ -8,6 +8,7 @@ from autotune.runtime.inputs import Seen, batch_ignored_message
 from autotune.runtime.state import TrialState
 
 PHASE_PATIENCE = 8  # training steps past the measured ones a script may take before a phase asked runs
+PROBE_PATIENCE = 4  # training steps past the measured ones a probe trial takes to finish its probe
 HOW_TO_RUN = {
     "eval": (
         "evaluate",
@@ -66,3 +67,15 @@ def check_accumulation(trial: TrialState, samples: int | None, micro: int | None
             "{grad_accum} to its accumulation option (--gradient_accumulation_steps {grad_accum} for a "
             "Trainer) or accumulate autotune.grad_accum() micro-batches"
         )
+
+
+def probe_pending(trial: TrialState) -> bool:
+    """Whether a probe trial measures on because its probe has not timed a forward and checked the plans
+    yet (it attaches to the model when the script first shows it, which can be after the first forwards:
+    a loaded machine's probe trial once ended first, and offered every plan unchecked); for at most
+    PROBE_PATIENCE steps past the measured ones. A probe that did not finish by then offers no plan it did
+    not check (autotune.backends.torch_probe)."""
+    probe = trial.probe
+    if probe is None or not getattr(probe, "pending", False):
+        return False
+    return trial.steps < trial.warmup_steps + trial.request.measured_steps + PROBE_PATIENCE

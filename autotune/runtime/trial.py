@@ -24,7 +24,9 @@ In a multi-process job (torchrun sets ``$RANK``), each rank is a trial process o
 progress (with its pid, from its start) and its report to files of its rank, and the tuner merges them.
 
 When warm-up + measured steps are done, the runtime writes its report and raises :class:`TrialComplete`
-(a ``SystemExit(0)``), so the script ends cleanly even if it would train forever.
+(a ``SystemExit(0)``), so the script ends cleanly even if it would train forever. A probe trial measures on
+(up to PROBE_PATIENCE steps) until its probe has timed a forward and checked the plans: the probe attaches
+at the model's first forward, after which it needs three (autotune.runtime.checks.probe_pending).
 
 Phases of the job (``phase(name)``, ``due(name)``): a trial asked for ``eval`` or ``save`` (``--with-eval``,
 ``--with-save``) does not end after its measured steps: it waits for the script to run each phase once,
@@ -65,6 +67,7 @@ from autotune.runtime.checks import (
     check_accumulation,
     check_batch,
     phase_missing,
+    probe_pending,
 )
 from autotune.runtime.inputs import Inputs, Seen
 from autotune.runtime.process import (
@@ -153,6 +156,7 @@ class _Trial(TrialState):
             and not unsettled(self)
             and not peak_settling(self)
             and not measuring_on(self)
+            and not probe_pending(self)
         ):
             if self.sweep:
                 next_segment(self)

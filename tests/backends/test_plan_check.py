@@ -164,7 +164,32 @@ for _ in range(1000):
 """
 
 
-FEW = ["--steps", "2", "--warmup-steps", "1", "--trials", "3"]  # the probe, a search trial, a verification
+# the probe, a search trial, a verification; exactly these steps (--tight 0): a probe trial of three steps
+# beside a busy neighbour (which stops measuring on) ended before its probe checked the plans, since the probe
+# attaches at the model's first forward, and the run offered every plan unchecked, Counting:1 included
+FEW = ["--steps", "2", "--warmup-steps", "1", "--tight", "0", "--trials", "3"]
+
+
+def test_a_probe_that_could_not_check_its_plans_offers_none_of_them() -> None:
+    """A probe whose trial ended before the check against no plan ran (a script that trains fewer steps than
+    the probe needs) reports every plan the check would have tried as not checked: none is offered."""
+    from autotune.backends.probe import default_plans, rows
+    from autotune.backends.torch_probe import Probe
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)) for _ in range(4))
+    )
+    probe = Probe(model, 8, ())
+    for _ in range(4):  # no step between them: the trial never called after_step
+        model(torch.randn(8, 64)).square().mean().backward()
+    assert probe.done and probe.pending
+    report = probe.result()
+    why = "not checked against no plan: the probe's trial ended before the check ran (the script trained too few steps)"
+    assert [(c.plan, c.reason) for c in report.checks] == [("Sequential:1", why)]
+    assert {r.plan: r.excluded for r in rows(report)}["Sequential:1"] == why
+    plans, excluded = default_plans(report)
+    assert plans == ("none",) and excluded["Sequential:1"] == why
 
 
 def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp_path: Path) -> None:
