@@ -163,6 +163,11 @@ def cli_in_a_fresh_interpreter(argv: list[str], not_imported: tuple[str, ...], t
     return in_a_fresh_interpreter(code, not_imported, timeout)
 
 
+# the proposed_by of a configuration read again on purpose: a second opinion, not a trial of --trials' own
+# (autotune.search.records.TrialRecord.remeasured)
+SECOND_OPINIONS = ("re-measure", "fresh")
+
+
 def trial_summary(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, str, str | None, str | None]]:
     """(number, state, kind, worker) of each trial: what a failed assertion about a study shows."""
     return [(t.number, t.state.name, t.user_attrs.get("kind"), t.user_attrs.get("worker")) for t in trials]

@@ -345,6 +345,7 @@ class RayRunner:
         grad_accum: int | None = None,
         check_plans: tuple[str, ...] = (),
         sweep: tuple[str, ...] = (),
+        fresh: bool = False,
     ) -> TrialResult:
         cluster = self.cluster
         task = NodeTask(

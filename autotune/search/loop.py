@@ -65,6 +65,7 @@ from autotune.search.propose import (
 )
 from autotune.search.records import (
     REMEASURE,
+    WARM_EXCESS,
     Configuration,
     ProposedBy,
     TrialKind,
@@ -182,7 +183,7 @@ class Search:
                     counted,
                 )
             return Step.BUSY if busy else Step.FINISHED
-        model = model_of(records, self.savings, self.runner.host_budget)
+        model = model_of(records, self.savings, self.runner.host_budget, self.limit)
         self._note_host_caps(model)
         self._check_hopeless(records, model)
         taken = {Configuration(x.batch_size, x.plan) for x in leases}
@@ -235,8 +236,16 @@ class Search:
     def _propose_slot(
         self, proposal: Proposal | None, records: list[TrialRecord], model: MemoryModel, counted: int
     ) -> Step:
-        if proposal is not None and proposal.why == REMEASURE:  # a second opinion takes no slot of the study
+        if proposal is not None and proposal.why in (
+            REMEASURE,
+            ProposedBy.FRESH,
+        ):  # no slot: a second opinion
             self._progress(counted, proposal.contenders)
+            if proposal.why is ProposedBy.FRESH:
+                self.reporter.note(
+                    f"{proposal.plan}@{proposal.batch_size} is read again in a process of its own: a warm "
+                    f"process read it over the limit by less than the {WARM_EXCESS:.0%} its heap can add"
+                )
             return self._proposed(proposal)
         slot = self.store.take_slot(self.name, self.target, self.worker)
         if slot is None:  # other workers are measuring the study's last trials
@@ -394,7 +403,7 @@ class Search:
             lease,
             predict_peak(
                 records,
-                model_of(records, self.savings, self.runner.host_budget),
+                model_of(records, self.savings, self.runner.host_budget, self.limit),
                 self.space,
                 lease.batch_size,
                 lease.plan,
@@ -485,6 +494,7 @@ class Search:
                 interruptible=self.shield.allow,
                 grad_accum=self.space.grad_accum(batch),
                 sweep=tuple(each.plan for _, each, _ in runs[1:]),
+                fresh=why is ProposedBy.FRESH,
             )
         except KeyboardInterrupt:
             for _, each, _ in runs:

@@ -39,8 +39,18 @@ from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
-from autotune.search.noise import contradicted, next_attempt, out_of_order, overruled, unsettled
-from autotune.search.records import Configuration, ProposedBy, TrialKind, TrialRecord, best_record
+from autotune.search.noise import contradicted, in_flight, next_attempt, out_of_order, overruled, unsettled
+from autotune.search.records import (
+    READINGS,
+    WARM_EXCESS,
+    Configuration,
+    ProposedBy,
+    TrialKind,
+    TrialRecord,
+    best_record,
+    superseded,
+    warm_on_host,
+)
 from autotune.search.space import SearchSpace
 from autotune.search.throughput_model import Reading, ThroughputModel, dominates
 
@@ -66,15 +76,25 @@ class Finished:
 
 
 def model_of(
-    records: Iterable[TrialRecord], savings: dict[str, float] | None = None, host_limit: int | None = None
+    records: Iterable[TrialRecord],
+    savings: dict[str, float] | None = None,
+    host_limit: int | None = None,
+    limit: int | None = None,
 ) -> MemoryModel:
-    """The memory model fitted to every measured peak (an OOM's peak as a lower bound); ``host_limit``: the
-    host budget an offload plan's pinned memory must stay within."""
+    """The memory model fitted to every measured peak (an OOM's peak as a lower bound), but, given the
+    ``limit``, a warm process's over it where a process of its own read the configuration
+    (records.superseded); ``host_limit``: the host budget an offload plan's pinned memory must stay within."""
+    records = list(records)
+    out = superseded(records, limit) if limit is not None else set()
     return MemoryModel.fit(
         [
             Observation(r.batch_size, r.plan, r.peak_bytes, r.outcome is Outcome.COMPLETE, r.memory_method)
             for r in records
-            if r.measured and r.batch_size is not None and r.plan is not None and r.peak_bytes is not None
+            if r.measured
+            and r.batch_size is not None
+            and r.plan is not None
+            and r.peak_bytes is not None
+            and r.number not in out
         ],
         savings,
         host_limit,
@@ -129,6 +149,9 @@ def propose(
             return None
     if (again := contradicted(records)) is not None:
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
+    incumbent = best_record(records, limit)
+    if (near := warm_near_limit(records, limit, speed, _bar(speed, incumbent))) is not None:
+        return Proposal(*near, ProposedBy.FRESH, attempt=next_attempt(records, near))
     frontier = {plan: model.largest_fitting(plan, space.batch_sizes, limit) for plan in space.uniform_plans}
     untried = [Configuration(b, p) for p, b in frontier.items() if b is not None and (b, p) not in tried]
     if exhaustive:  # each plan's frontier in the space's order, then the sampler
@@ -139,7 +162,6 @@ def propose(
     per_rank = rank_frontier(records, model, space, limit)
     frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})
     candidates = _candidates(frontier, space, tried)
-    incumbent = best_record(records, limit)
     value = _Valuation(speed, space, _reach(frontier, per_rank, model, space, limit), _bar(speed, incumbent))
     # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
     # what rules the recompute plans in or out.
@@ -162,6 +184,28 @@ def propose(
     if incumbent is None:  # nothing fits yet, and nothing left is predicted to
         return Finished("no configuration left is predicted to fit")
     return _before_stopping(records, model, speed, space, limit, tried, incumbent, value, best)
+
+
+def warm_near_limit(
+    records: list[TrialRecord], limit: int, speed: ThroughputModel, bar: Interval | None
+) -> Configuration | None:
+    """A configuration to read again in a process of its own: read only by warm processes on the host, over
+    the limit by no more than what their heaps add (WARM_EXCESS), and faster by its readings than the
+    incumbent could be (above ``bar``), so that fitting would make it the answer. The mlp example at 700 MB:
+    none@256 read 635.6 MiB warm against a 634.2 MiB limit (a fresh process of it, ~600), and the run
+    answered batch 128 at 0.95 of its speed, with every larger batch of ``none`` bounded by that reading."""
+    for config in sorted({r.config for r in records if r.config is not None}, key=lambda c: -c.batch_size):
+        rs = [r for r in records if r.config == config and r.kind in READINGS and r.measured]
+        if not rs or not all(warm_on_host(r) for r in rs) or in_flight(records, config):
+            continue
+        over = [r for r in rs if not r.fits(limit)]
+        near = all(
+            r.outcome is Outcome.COMPLETE and (r.peak_bytes or 0) <= limit * (1 + WARM_EXCESS) for r in over
+        )
+        reading = speed.pooled.get(config)
+        if over and near and reading is not None and (bar is None or reading.mid > bar.high):
+            return config
+    return None
 
 
 def _candidates(

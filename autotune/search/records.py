@@ -23,6 +23,7 @@ from autotune.core.protocol import Outcome, RankResult
 from autotune.core.stats import Interval
 from autotune.core.text import invisible_in
 from autotune.hardware.load import Load
+from autotune.hardware.meters import HOST_METHODS
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -38,6 +39,7 @@ class ProposedBy(TextEnum):
     CANDIDATE = "candidate"  # a configuration under a plan's frontier whose optimistic speed could win
     BETWEEN = "between"  # a batch between two readings of a plan that fall where they should rise
     REMEASURE = "re-measure"  # a configuration read again: its readings disagreed (autotune.search.noise)
+    FRESH = "fresh"  # a warm process read it just over the limit: read again in a process of its own
     UNTRIED = "untried"  # the memory model could not be calibrated: what is left, smallest peak first
     SAMPLER = "sampler"  # Optuna's sampler (--exhaustive past the frontier, or an uncalibrated model)
     VERIFICATION = "verification"  # the winner re-run longer (autotune.search.verify)
@@ -60,6 +62,9 @@ class TrialKind(TextEnum):
 
 
 READINGS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)  # what reads a configuration
+# A warm process on the host reads a configuration up to this much over a process of its own, at the same
+# or a larger batch than those before it (autotune.trials.warm: 2-4%; never a smaller one)
+WARM_EXCESS = 0.04
 
 
 class Configuration(NamedTuple):
@@ -159,8 +164,9 @@ class TrialRecord:
 
     @property
     def remeasured(self) -> bool:
-        """A second (or third) reading of a configuration measured already (autotune.search.noise)."""
-        return self.proposed_by == REMEASURE
+        """A second (or third) reading of a configuration measured already (autotune.search.noise), or one
+        read again in a process of its own after a warm process read it just over the limit."""
+        return self.proposed_by in (REMEASURE, ProposedBy.FRESH)
 
     @property
     def finished(self) -> bool:
@@ -296,6 +302,24 @@ def lengths_of(records: Iterable[TrialRecord], config: tuple[int, str]) -> tuple
     return min(low for low, _ in spans), max(high for _, high in spans)
 
 
+def warm_on_host(record: TrialRecord) -> bool:
+    """Whether ``record``'s peak was read on the host in a warm process, after another configuration: its
+    heap keeps their history, and it reads up to WARM_EXCESS over a process of its own (autotune.trials.warm).
+    A GPU's warm reading is its own (CUDA's cache is emptied between configurations)."""
+    return (record.warm_run or 1) > 1 and record.memory_method in HOST_METHODS
+
+
+def superseded(records: Iterable[TrialRecord], limit: int) -> set[int]:
+    """The numbers of the warm host readings (:func:`warm_on_host`) over ``limit`` of configurations also
+    read in a process of their own: such a reading is only an upper bound of the configuration's peak, and
+    says nothing against a fresh one under the limit. (A warm reading under the limit stays: the fresh
+    process's peak is no larger, and one fresh reading over it among such readings is the meter's noise as
+    often as the configuration's: :func:`peak_verdict` takes their majority.)"""
+    records = list(records)
+    fresh = {r.config for r in records if r.measured and r.kind in READINGS and not warm_on_host(r)}
+    return {r.number for r in records if warm_on_host(r) and r.config in fresh and not r.fits(limit)}
+
+
 def best_record(records: Iterable[TrialRecord], limit: int) -> TrialRecord | None:
     """The fastest trial measured (here or for another budget) whose peak fits ``limit``, of a configuration
     that fits by its readings (:func:`peak_verdict`)."""
@@ -312,12 +336,15 @@ def peak_verdict(
     records: Iterable[TrialRecord], config: tuple[int | None, str | None], limit: int
 ) -> bool | None:
     """Whether ``config`` fits ``limit`` by the majority of its memory readings (search trials, warm
-    starts, verifications; an out-of-memory or over-budget one reads over): None with no reading, or as many
-    over the limit as under it (measure it again)."""
+    starts, verifications; an out-of-memory or over-budget one reads over; not a warm process's where a
+    process of its own read it: :func:`superseded`): None with no reading, or as many over the limit as
+    under it (measure it again)."""
+    records = list(records)
+    out = superseded(records, limit)
     verdicts = [
         r.fits(limit)
         for r in records
-        if (r.batch_size, r.plan) == config and r.kind in READINGS and r.measured
+        if (r.batch_size, r.plan) == config and r.kind in READINGS and r.measured and r.number not in out
     ]
     under = sum(verdicts)
     over = len(verdicts) - under

@@ -47,6 +47,7 @@ class Runner(Protocol):
         grad_accum: int | None = None,
         check_plans: tuple[str, ...] = (),
         sweep: tuple[str, ...] = (),
+        fresh: bool = False,
     ) -> TrialResult: ...
 
     def check(self) -> None: ...
@@ -101,15 +102,17 @@ class TrialRunner(TrialJob):
         grad_accum: int | None = None,
         check_plans: tuple[str, ...] = (),
         sweep: tuple[str, ...] = (),
+        fresh: bool = False,
     ) -> TrialResult:
         """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step); a probe
         also checks ``check_plans`` against no plan; ``sweep``: more plans measured after ``plan`` in the
         same process (autotune.search.sweep), their results in the result's ``sweep``; without a probe,
-        a check or a sweep, in the runner's warm process where the configuration suits one."""
+        a check or a sweep, in the runner's warm process where the configuration suits one, unless
+        ``fresh`` asks for a process of its own (a warm reading just over the limit, read again)."""
         settings = settings or self.settings
         interruptible = interruptible or (self.shield.allow if self.shield is not None else None)
         if self._warm is not None:
-            if not (probe or check_plans or sweep) and self._warm.suits(plan, settings):
+            if not (probe or check_plans or sweep or fresh) and self._warm.suits(plan, settings):
                 watch = Watch(poll, interruptible, self.stop)
                 return self._warm.run(batch, parse_backend_plan(plan, self.backend), grad_accum, watch)
             self._warm.close()  # a fresh process measures this one: the device to itself

@@ -36,7 +36,15 @@ from autotune.search import noise
 from autotune.search.loop import Search, Step
 from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, model_of, speed_of
-from autotune.search.records import READINGS, ProposedBy, TrialKind, TrialRecord, best_record, peak_verdict
+from autotune.search.records import (
+    READINGS,
+    ProposedBy,
+    TrialKind,
+    TrialRecord,
+    best_record,
+    peak_verdict,
+    superseded,
+)
 from autotune.search.throughput_model import dominates
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
@@ -176,7 +184,11 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
         _failed(search, lease, leader)
         return None
     records = records_of(search.study)
-    chosen = choose(records, [c for c in contenders if c in fitting], model_of(records, search.savings).noise)
+    chosen = choose(
+        records,
+        [c for c in contenders if c in fitting],
+        model_of(records, search.savings, limit=search.limit).noise,
+    )
     return _store(search, lease, chosen, records)
 
 
@@ -422,6 +434,9 @@ def _store(search: Search, lease: Lease, config: Configuration, records: list[Tr
     speed = _readings(records)[config]
     every, records = records, [r for r in records if (r.batch_size, r.plan) == config]
     out = noise.overruled(every)  # readings the speed left out
+    heavy = superseded(
+        every, search.limit
+    )  # warm readings over the limit of one read in a process of its own
     trial = best_record(records, search.limit)
     assert trial is not None  # a contender has a fitting trial
     checks = [r for r in records if r.kind is TrialKind.VERIFICATION and r.outcome is not None]
@@ -433,8 +448,9 @@ def _store(search: Search, lease: Lease, config: Configuration, records: list[Tr
         trial.peak_bytes or 0,
         trial.samples_per_sec or 0.0,
         # the largest peak of any of its readings: a first trial pays torch.compile's compilation (its
-        # warm-up), later ones read the workload's cache; the user's job starts as the first did
-        max(r.peak_bytes or 0 for r in [*checks, *records] if r.measured),
+        # warm-up), later ones read the workload's cache; the user's job starts as the first did (not a warm
+        # process's, where a process of its own read it: records.superseded)
+        max(r.peak_bytes or 0 for r in [*checks, *records] if r.measured and r.number not in heavy),
         speed.mid,
         speed.low,
         speed.high,

@@ -23,7 +23,9 @@ What each configuration measures is what its own process would have:
   over after a larger batch (GPT-2 4 x 256: batch 2 after 8, 1181 vs 984 MiB). So on the CPU a warm process
   never takes a smaller batch than one it ran (``WarmProcess.takes``: the next one starts a new process),
   and its readings are conservative: never under a fresh process's. The verification, in a process of its
-  own, reads the answer's true peak.
+  own, reads the answer's true peak; a configuration read warm over the limit by no more than that excess
+  (records.WARM_EXCESS), and fast enough to be the answer if it fitted, is read again in a process of its
+  own before it bounds its plan's larger batches (search.propose.warm_near_limit).
 
 Warm only while it is honest (``WarmTrials``): a process takes the next configuration only if it came back to
 the memory it had at rest after its first one (within REST_SLACK); a script that fails on a later run in one

@@ -546,3 +546,26 @@ def test_configurations_that_dominate_a_quietly_read_leader_are_verified_beside_
     assert dominating(leader, [leader, two, four], busy) == [four]
     quiet = [reading(0, 1, 41.0), reading(1, 4, 24.0), reading(2, 2, 18.0)]
     assert dominating(leader, [leader, two, four], quiet) == []
+
+
+def test_a_warm_reading_just_over_the_limit_is_read_again_in_a_process_of_its_own(tmp_path) -> None:
+    """The mlp example at 700 MB: a warm process read none@256 at 635.6 MiB against a 634.2 MiB limit (its
+    heap keeps the history of the configurations before it: up to 4% over a process of its own), every
+    larger batch of ``none`` was bounded by that reading, and the run answered batch 128. Here none@32's
+    first reading, in the search's warm process, holds 10 MiB more (304 MiB, limit 299): it is read again
+    in a fresh process (294), which is the configuration's peak, and none@32 is the answer."""
+    data = tune(
+        tmp_path,
+        "--budget 315MiB --trials 8 --plans none --batch-sizes 1,4,16,24,32 --steps 3 --warmup-steps 1 --device cpu",
+        *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.005 --per-sample-seconds 0.0002".split(),
+        *("--extra-mib", "32:none#0=10"),
+    )
+    records = trials(tmp_path)
+    limit = data["limit_bytes"]
+    ours = [r for r in records if r.config == (32, "none") and r.kind is TrialKind.MEASURED]
+    assert [(r.proposed_by, (r.warm_run or 1) > 1, r.fits(limit)) for r in ours] == [
+        (ProposedBy.FRONTIER, True, False),  # warm, over the limit by 1.6%
+        (ProposedBy.FRESH, False, True),  # its own process: under it
+    ]
+    assert (data["batch_size"], data["plan"]) == (32, "none")
+    assert data["peak_bytes"] <= limit

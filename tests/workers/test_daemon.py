@@ -31,6 +31,7 @@ from conftest import (
     AUTOTUNE,
     ROOT,
     SCRIPTS,
+    SECOND_OPINIONS,
     SYNTHETIC,
     TEST_JOB_KEY,
     signal_as_a_trial_starts,
@@ -91,12 +92,16 @@ def job_state(storage: str, study: str) -> str:
 
 
 def assert_finished_cleanly(storage: str, study: str, trials: int) -> list[optuna.trial.FrozenTrial]:
-    """The job is done: `trials` distinct configurations measured, nothing RUNNING or WAITING, every
+    """The job is done: `trials` distinct configurations measured (second opinions aside), nothing RUNNING or WAITING, every
     verification complete, and `autotune best` answers with a verified configuration. (How many
     verifications depends on how close the rivals read: tests/search/test_noise.py counts them.)"""
     found = stored_trials(storage, study)
     assert [t.number for t in found if t.state in (TrialState.RUNNING, TrialState.WAITING)] == []
-    counted = [t for t in measured(found) if t.state == TrialState.COMPLETE]
+    counted = [
+        t
+        for t in measured(found)
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("proposed_by") not in SECOND_OPINIONS
+    ]
     configs = [(t.params["batch_size"], t.params["plan"]) for t in counted]
     assert len(configs) == len(set(configs)) == trials, configs
     verifications = [t for t in found if t.user_attrs.get("kind") == "verification"]
