@@ -240,16 +240,28 @@ def _unaffordable(search: Search, runs: int = 1) -> str | None:
 def _within_cost(search: Search, contenders: list[Configuration]) -> tuple[list[Configuration], int]:
     """The contenders and the rounds the run can pay for: whole rounds only (readings compared are taken
     side by side, never a leader's new reading against a rival's search one), fewer rounds first, then
-    fewer rivals (the likeliest kept), said where it cuts."""
-    runs = search.cost.verifications(records_of(search.study))
+    fewer rivals (the likeliest kept), said where it cuts. One run left for several contenders reads the
+    one chosen from the readings at hand, alone (the run --trials kept for the verification, not left
+    unspent: its peak in a process of its own, and a longer reading)."""
+    records = records_of(search.study)
+    runs = search.cost.verifications(records)
     if runs == math.inf:
         return contenders, ROUNDS
     if runs < min(len(contenders), 2):  # no side-by-side round left: chosen from the readings at hand
         why = _unaffordable(search, min(len(contenders), 2)) or "what is left"
+        if runs < 1:
+            search.reporter.note(
+                f"the verification measures none of the {len(contenders)} contenders again: {why}"
+            )
+            return contenders, 0
+        # the run kept for the verification reads the one chosen from the readings at hand, alone: its peak
+        # in a process of its own, settled, and a longer reading of its speed
+        chosen = choose(records, contenders, model_of(records, search.savings, limit=search.limit).noise)
         search.reporter.note(
-            f"the verification measures none of the {len(contenders)} contenders again: {why}"
+            f"the verification measures {_name(chosen)} alone, chosen from the readings at hand over "
+            f"{len(contenders) - 1} rival{'s' if len(contenders) > 2 else ''}: {why}"
         )
-        return contenders, 0
+        return [chosen], 1
     kept = contenders[: max(min(len(contenders), int(runs)), 1)]
     rounds = max(min(ROUNDS, int(runs) // len(kept)), 1)
     if (len(kept), rounds) != (len(contenders), ROUNDS):

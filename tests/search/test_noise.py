@@ -26,12 +26,13 @@ OPTIONS = (
 )
 
 
-def tune(cache: Path, overhead: float, slow: str) -> dict:
+def tune(cache: Path, overhead: float, slow: str, trials: int = 10) -> dict:
     state = cache / "state"
     state.mkdir()
     script = "--base-mib 20 --per-sample-mib 8 --step-seconds 0.05 --per-sample-seconds 0.0005".split()
     script += ["--plan-effects", f"A=0.5:{overhead}", "--slow", slow, "--state-dir", str(state)]
-    argv = ["run", *OPTIONS.split(), "--study", "noisy", "--json", "--cache-dir", str(cache)]
+    options = OPTIONS.replace("--trials 10", f"--trials {trials}")
+    argv = ["run", *options.split(), "--study", "noisy", "--json", "--cache-dir", str(cache)]
     result = CliRunner().invoke(cli, [*argv, str(SYNTHETIC), "--", *script])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
@@ -172,6 +173,20 @@ def test_the_demo_s_readings_put_batch_32_beside_its_disproved_leader() -> None:
     assert pooled_speeds[(4, "none")].mid == 10.1
     ranked = sorted(pooled_speeds.items(), key=lambda pair: -pair[1].mid)
     assert challengers((4, "none"), ranked, records)[0] == (32, "none")
+
+
+def test_one_run_left_for_a_leader_and_its_rival_reads_the_one_chosen_from_the_readings_alone(
+    tmp_path,
+) -> None:
+    """The case above under --trials 7: the probe's run, five search trials, and one run the search keeps for
+    the verification, where none@24 and A:1@48 would take two side by side. That run went unspent ("the
+    verification measures none of the 2 contenders again") and the answer was never read in a process of
+    its own (two of four mlp runs of bench/robustness.py). It now reads the one chosen from the readings at
+    hand (none@24: A:1@48's one reading was slowed 1.3x), alone, and that is the answer, read twice."""
+    data = tune(tmp_path, 1.8, "48:A:1#0=1.3", trials=7)
+    records = trials(tmp_path)
+    assert configs(records, TrialKind.VERIFICATION) == [(24, "none")]
+    assert (data["batch_size"], data["plan"]) == (24, "none") and data["readings"] == 2
 
 
 def test_verifications_that_disagree_among_themselves_overrule_no_search_reading() -> None:
