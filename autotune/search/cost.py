@@ -45,6 +45,7 @@ class Cost:
     trials: int | None = None
     probes: int = 0
     spent: int = field(init=False)
+    in_flight: int = field(init=False, default=0)  # search runs ``take`` paid for that have not ended yet
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,7 +68,15 @@ class Cost:
             why = self.search_stop(records)
             if why is None:
                 self.spent += 1
+                self.in_flight += 1
             return why
+
+    def ended(self, ran: bool) -> None:
+        """A search run paid for by ``take`` is over: refunded if it ran nothing."""
+        with self._lock:
+            self.in_flight -= 1
+            if not ran:
+                self.spent -= 1
 
     def take_run(self) -> bool:
         """Pay for one search trial run beyond the verification's reserve, if one is left (no time check:

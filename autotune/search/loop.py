@@ -259,17 +259,23 @@ class Search:
     def _paid(self, records: list[TrialRecord], start: Callable[[], Step]) -> Step:
         """``start`` a trial run paid for from the run's cost (autotune.search.cost), refunded where it ran
         nothing; where what is left of --trials or --time-limit is the verification's, the search's end,
-        said once. Other workers' running trials are then waited for (they may raise the incumbent); queued
-        ones are left to them or to a later run."""
+        said once. Other workers' running trials are then waited for (they may raise the incumbent), and
+        this run's other searches' paid runs (``--executor ray``: one paid for its last run and had not
+        claimed its lease yet when the other found nothing running, verified, and found no trial fitting);
+        queued ones are left to them or to a later run."""
         spent = self.cost.take(records)
         if spent is not None:
             counted = sum(r.counted for r in records)
             self._stop(f"stopped after {counted} trials: {spent}", counted)
             leases = self.store.leases(self.name, kinds=(LeaseKind.TRIAL,))
-            return Step.BUSY if any(x.state is LeaseState.RUNNING for x in leases) else Step.FINISHED
-        step = start()  # an exception ends the run: what it paid no longer matters
-        if step is not Step.RAN:
-            self.cost.refund()
+            running = any(x.state is LeaseState.RUNNING for x in leases)
+            return Step.BUSY if running or self.cost.in_flight > 0 else Step.FINISHED
+        try:
+            step = start()
+        except BaseException:
+            self.cost.ended(ran=True)  # an exception ends the run: what it paid no longer matters
+            raise
+        self.cost.ended(ran=step is Step.RAN)
         return step
 
     def _progress(self, counted: int, contenders: int | None) -> None:
