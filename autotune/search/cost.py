@@ -45,7 +45,7 @@ class Cost:
     trials: int | None = None
     probes: int = 0
     spent: int = field(init=False)
-    in_flight: int = field(init=False, default=0)  # search runs ``take`` paid for that have not ended yet
+    in_flight: int = field(init=False, default=0)  # runs ``take``/``take_run`` paid for, not ended yet
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,11 +55,6 @@ class Cost:
         """Count ``runs`` trial runs as started (before they run: one that crashes was paid for)."""
         with self._lock:
             self.spent += runs
-
-    def refund(self) -> None:
-        """A run paid for that did not start (its configuration taken by another worker, copied, skipped)."""
-        with self._lock:
-            self.spent -= 1
 
     def take(self, records: list[TrialRecord]) -> str | None:
         """Pay for one search trial run, None; or why the search may start no more (``search_stop``). One
@@ -72,7 +67,7 @@ class Cost:
             return why
 
     def ended(self, ran: bool) -> None:
-        """A search run paid for by ``take`` is over: refunded if it ran nothing."""
+        """A search run paid for by ``take`` or ``take_run`` is over: refunded if it ran nothing."""
         with self._lock:
             self.in_flight -= 1
             if not ran:
@@ -85,6 +80,7 @@ class Cost:
             if self.trials_left() <= self.reserve():
                 return False
             self.spent += 1
+            self.in_flight += 1
             return True
 
     def trials_left(self) -> float:

@@ -213,12 +213,19 @@ class Search:
         worker."""
         if not self.cost.take_run():
             return False
-        lease = self.store.take_queued(self.name, self.worker, self.device, kinds=(LeaseKind.TRIAL,))
-        if lease is None:
-            self.cost.refund()
-            return False
-        self._progress(sum(r.counted for r in records_of(self.study)), None)
-        self._run_lease(self.taken_lease(lease), ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED)
+        try:  # paid for while it looks: another search that finds the purse spent meanwhile waits (in_flight)
+            lease = self.store.take_queued(self.name, self.worker, self.device, kinds=(LeaseKind.TRIAL,))
+            if lease is None:
+                self.cost.ended(ran=False)
+                return False
+            self._progress(sum(r.counted for r in records_of(self.study)), None)
+            self._run_lease(
+                self.taken_lease(lease), ProposedBy.RETRY if lease.attempt else ProposedBy.RELEASED
+            )
+        except BaseException:
+            self.cost.ended(ran=True)  # an exception ends the run: what it paid no longer matters
+            raise
+        self.cost.ended(ran=True)
         return True
 
     def _sweep_slot(

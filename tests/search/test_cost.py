@@ -63,3 +63,23 @@ def test_a_time_limit_ends_the_run_within_it_with_an_answer_and_the_reason(tmp_p
     assert wall < 12 + 10, wall  # the interpreter's start and exit around the run
     assert "the time limit (12 s, --time-limit) leaves" in (data["stopped"] or ""), proc.stderr
     assert data["batch_size"] >= 1 and runs
+
+
+def test_a_run_paid_for_while_a_search_looks_for_a_queued_lease_is_in_flight_until_it_ends() -> None:
+    """CI's Ray recipe flake (--executor ray --trials 2: one search run for two searches): one search paid
+    for the last run to look for a queued lease, the other found the purse spent and nothing running,
+    verified an empty study and ended "no trial completed"; then the first gave the run back and ran it.
+    A paid run is in flight until it ends, and a search that finds the purse spent waits for it
+    (Search._paid); given back, the run is there to take."""
+    from autotune.search.cost import Cost
+
+    cost = Cost(trials=2, probes=1)
+    assert cost.take_run() and cost.in_flight == 1
+    assert (
+        cost.take([]) == "--trials 2 counts every trial run, the probe's and the verification's: none is left"
+    )
+    cost.ended(ran=False)  # no queued lease: given back
+    assert (cost.spent, cost.in_flight) == (1, 0)
+    assert cost.take([]) is None and (cost.spent, cost.in_flight) == (2, 1)
+    cost.ended(ran=True)
+    assert (cost.spent, cost.in_flight) == (2, 0)
