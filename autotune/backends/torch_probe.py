@@ -217,7 +217,7 @@ class Probe:
 
     def result(self) -> TorchProbeReport:
         """The probe's measurements. Where the trial ended before the plans were checked, every plan the
-        check would have tried is reported as failing it: no plan is offered unchecked."""
+        check would have tried is reported as not checked: no plan is offered unchecked."""
         report = self._measurements()
         if self.checks is not None:
             return report

@@ -64,7 +64,7 @@ from autotune.search.propose import (
     untried,
 )
 from autotune.search.records import (
-    REMEASURE,
+    SECOND_OPINIONS,
     WARM_EXCESS,
     Configuration,
     ProposedBy,
@@ -243,10 +243,7 @@ class Search:
     def _propose_slot(
         self, proposal: Proposal | None, records: list[TrialRecord], model: MemoryModel, counted: int
     ) -> Step:
-        if proposal is not None and proposal.why in (
-            REMEASURE,
-            ProposedBy.FRESH,
-        ):  # no slot: a second opinion
+        if proposal is not None and proposal.why in SECOND_OPINIONS:  # no slot of the study
             self._progress(counted, proposal.contenders)
             if proposal.why is ProposedBy.FRESH:
                 self.reporter.note(

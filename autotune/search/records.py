@@ -49,6 +49,8 @@ class ProposedBy(TextEnum):
 
 
 REMEASURE = ProposedBy.REMEASURE  # a re-measurement's ``proposed_by``
+# what reads a configuration measured already: a second opinion, taking no slot of the study
+SECOND_OPINIONS = (REMEASURE, ProposedBy.FRESH)
 
 
 class TrialKind(TextEnum):
@@ -166,7 +168,7 @@ class TrialRecord:
     def remeasured(self) -> bool:
         """A second (or third) reading of a configuration measured already (autotune.search.noise), or one
         read again in a process of its own after a warm process read it just over the limit."""
-        return self.proposed_by in (REMEASURE, ProposedBy.FRESH)
+        return self.proposed_by in SECOND_OPINIONS
 
     @property
     def finished(self) -> bool:
