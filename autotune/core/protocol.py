@@ -198,6 +198,7 @@ class Segment:
     last_step: int  # ... and when it ended
     step_tokens: tuple[int, ...] = ()
     rss_peak: int | None = None  # the process's resident high-water mark over the segment (Linux VmHWM)
+    step_pressure: tuple[float, ...] = ()  # per measured step, its CPU pressure (autotune.core.pressure)
     torch_peak_allocated: int | None = None  # torch's CUDA peaks over the segment
     torch_peak_reserved: int | None = None
 
@@ -209,6 +210,7 @@ class Segment:
                 "step_seconds": tuple(data["step_seconds"]),
                 "step_samples": tuple(data["step_samples"]),
                 "step_tokens": tuple(data.get("step_tokens") or ()),
+                "step_pressure": tuple(data.get("step_pressure") or ()),
             }
         )
 
@@ -253,6 +255,9 @@ class TrialReport:
     # the process's resident high-water mark as the report was written (Linux VmHWM; in a warm process since
     # its return to rest before this configuration): no sampler can miss it
     rss_peak: int | None = None
+    # per measured step, the share of its time some task waited for a CPU (autotune.core.pressure; empty
+    # where the kernel does not say): the steps a busy moment slowed are left out of its speed
+    step_pressure: tuple[float, ...] = ()
 
     def write(self, path: str | Path) -> None:
         data = asdict(self)
@@ -266,6 +271,7 @@ class TrialReport:
         data["step_seconds"] = tuple(data["step_seconds"])
         data["step_samples"] = tuple(data["step_samples"])
         data["step_tokens"] = tuple(data.get("step_tokens") or ())
+        data["step_pressure"] = tuple(data.get("step_pressure") or ())
         if data.get("lengths") is not None:
             data["lengths"] = tuple(data["lengths"])
         if data.get("segments") is not None:

@@ -15,10 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-PRESSURE_PATH = "/proc/pressure/cpu"
-# Where to read the pressure instead: a cgroup v2 container's own cpu.pressure judges the load on that
-# container; the test suite points it at a quiet file for every process it starts.
-PRESSURE_ENV = "AUTOTUNE_CPU_PRESSURE_PATH"
+from autotune.core.pressure import pressure_total
+
 STAT_PATH = "/proc/stat"
 
 
@@ -26,13 +24,24 @@ STAT_PATH = "/proc/stat"
 class Load:
     """The machine's load over one trial. ``cpu_pressure`` and ``steal`` are shares of its wall time (None
     where the kernel does not say); ``loadavg`` is the 1-minute load average at its end; ``cpu_per_wall``
-    the CPU seconds the trial's main process (and the children it reaped) used per second of wall time."""
+    the CPU seconds the trial's main process (and the children it reaped) used per second of wall time.
+    ``steps_pressure``: the mean pressure over the measured steps its speed was read from, and ``set_aside``
+    the measured steps left out as busy (autotune.core.pressure); None and 0 where the trial's runtime
+    could not say."""
 
     cpu_pressure: float | None
     steal: float | None
     loadavg: float
     cores: int
     cpu_per_wall: float | None = None
+    steps_pressure: float | None = None
+    set_aside: int = 0
+
+    @property
+    def reading_pressure(self) -> float | None:
+        """The pressure that says how far its speed reading can be trusted: over the steps it was read from
+        where known, else over the whole trial (start-up included)."""
+        return self.steps_pressure if self.steps_pressure is not None else self.cpu_pressure
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +50,8 @@ class Load:
             "loadavg": self.loadavg,
             "cores": self.cores,
             "cpu_per_wall": self.cpu_per_wall,
+            "steps_pressure": self.steps_pressure,
+            "set_aside": self.set_aside,
         }
 
     @classmethod
@@ -54,6 +65,8 @@ class Load:
                 float(data.get("loadavg") or 0.0),
                 int(data.get("cores") or 0),
                 _share(data.get("cpu_per_wall")),
+                _share(data.get("steps_pressure")),
+                int(data.get("set_aside") or 0),
             )
         except (TypeError, ValueError):
             return None
@@ -65,6 +78,10 @@ class Load:
         parts.append(f"load {self.loadavg:.1f} on {self.cores} cores")
         if self.cpu_per_wall is not None:
             parts.append(f"the trial used {self.cpu_per_wall:.1f} CPU-s per s")
+        if self.set_aside:
+            parts.append(
+                f"{self.set_aside} busy step{'s' if self.set_aside != 1 else ''} left out of its speed"
+            )
         return ", ".join(parts)
 
 
@@ -80,7 +97,7 @@ class LoadSnapshot:
     @classmethod
     def now(cls) -> LoadSnapshot:
         steal, total = _stat()
-        return cls(time.monotonic(), _pressure(), steal, total)
+        return cls(time.monotonic(), pressure_total(), steal, total)
 
     def until(self, later: LoadSnapshot) -> Load:
         wall = later.at - self.at
@@ -97,15 +114,6 @@ class LoadSnapshot:
 
 def _share(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
-
-
-def _pressure() -> int | None:
-    """Microseconds some task waited for a CPU since boot (None without PSI: an old kernel, or disabled)."""
-    try:
-        with open(os.environ.get(PRESSURE_ENV) or PRESSURE_PATH) as f:
-            return int(f.readline().split("total=")[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _stat() -> tuple[int | None, int | None]:

@@ -5,7 +5,6 @@ and peak."""
 from __future__ import annotations
 
 import os
-import time
 from typing import TypeVar
 
 from autotune.core.plans import Plan, parse_plan
@@ -32,6 +31,7 @@ def close_segment(trial: TrialState) -> None:
             rss_peak=rss_high_water(),
             torch_peak_allocated=allocated,
             torch_peak_reserved=reserved,
+            step_pressure=trial.measured_pressure(),
         )
     )
 
@@ -52,10 +52,10 @@ def next_segment(trial: TrialState) -> None:
     trial.segment_plan = plan
     trial.segment_start = trial.steps
     trial.warmup_steps = trial.steps + max(1, trial.request.warmup_steps)
-    trial.step_seconds, trial.step_samples, trial.step_tokens = [], [], []
+    trial.step_seconds, trial.step_samples, trial.step_tokens, trial.step_pressure = [], [], [], []
     trial.segment_phase = SEGMENT_PHASE + plan
     write_progress(trial.progress_path, trial.steps, trial.rank, trial.segment_phase, pinned_bytes())
-    trial.last_step_end = time.perf_counter()
+    trial.restart_clock()
 
 
 def prepare_switchable(model: M, plan: Plan, trial: TrialState) -> M:

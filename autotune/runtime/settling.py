@@ -4,11 +4,16 @@ while its peak may still grow. None of them in a multi-process job, whose ranks 
 
 from __future__ import annotations
 
+from autotune.core.pressure import burst, quiet_rates
 from autotune.core.protocol import read_settled
 from autotune.core.stats import median_interval
 from autotune.runtime.state import TrialState
 
 SETTLE_FACTOR = 1.5  # a first measured step this much slower than the median of the others is warm-up
+# A trial a burst took all but a step or two of measures on this long (at most measure_cap) for it to pass:
+# a neighbour's bursts on this 2-core machine lasted 1-6 s, and the search would otherwise measure the
+# configuration again (a warm configuration's warm-up and steps, ~2-5 s here, with another chance of a burst).
+BURST_WAIT = 4.0
 
 
 def peak_settling(trial: TrialState) -> bool:
@@ -28,19 +33,24 @@ def peak_settling(trial: TrialState) -> bool:
 
 
 def measuring_on(trial: TrialState) -> bool:
-    """Whether the throughput's interval is still wider than the request's ``tight`` and the trial may
-    measure longer: its measured steps have taken less than ``measure_share`` of its start-up (to the end
-    of its warm-up) and ``measure_cap`` seconds, and the load has not changed as it ran (``shifted``). A
-    trial that took 18 s to start is worth more than 0.35 s of measured steps. Not in a multi-process job:
-    each rank would decide alone, and one that stopped a step before another would leave it waiting in a
-    collective."""
+    """Whether the throughput's interval (over its quiet steps: autotune.core.pressure) is still wider than
+    the request's ``tight`` and the trial may measure longer: its measured steps have taken less than
+    ``measure_share`` of its start-up (to the end of its warm-up) and ``measure_cap`` seconds, and the load
+    has not changed as it ran (``shifted``). A trial that took 18 s to start is worth more than 0.35 s of
+    measured steps. A trial a burst took all but a step or two of (``burst``) measures on for up to
+    BURST_WAIT seconds of steps, whatever its start-up. Not in a multi-process job: each rank would decide
+    alone, and one that stopped a step before another would leave it waiting in a collective."""
     if not trial.request.tight or trial.rank is not None or not trial.step_seconds:
         return False
     spent = sum(trial.step_seconds)
-    startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
-    if spent >= min(trial.request.measure_share * startup, trial.request.measure_cap):
+    if spent >= trial.request.measure_cap:
         return False
-    rates = [n / s for n, s in zip(trial.step_samples, trial.step_seconds, strict=True)]
+    if burst(trial.measured_pressure(), len(trial.step_seconds)) and spent < BURST_WAIT:
+        return True  # too few quiet steps to read a speed from: a little longer, for the burst to pass
+    startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
+    if spent >= trial.request.measure_share * startup:
+        return False
+    rates = quiet_rates(trial.step_samples, trial.step_seconds, trial.measured_pressure())
     speed = median_interval(rates)
     if speed is None or speed.noise <= trial.request.tight:
         return False
@@ -80,6 +90,8 @@ def unsettled(trial: TrialState) -> bool:
     if trial.step_seconds[0] <= SETTLE_FACTOR * rest[(len(rest) - 1) // 2]:  # the lower median
         return False
     trial.warmup_steps += 1
+    if len(trial.step_pressure) == len(trial.step_seconds):
+        del trial.step_pressure[0]
     del trial.step_seconds[0], trial.step_samples[0]
     if len(trial.step_tokens) > len(trial.step_seconds):
         del trial.step_tokens[0]

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from autotune.core.pressure import pressure_total
 from autotune.core.protocol import EXIT_FAILED, RankIdentity, Segment, TrialRequest, rank_path, write_progress
 from autotune.runtime.inputs import Seen
 
@@ -30,6 +31,10 @@ class TrialState:
         self.step_ends: list[float] = []  # seconds from the runtime's start to the end of each step
         self.step_seconds: list[float] = []
         self.step_samples: list[int] = []
+        # per measured step, the share of its time some task waited for a CPU (autotune.core.pressure), and
+        # the kernel's counter at the last step's end (None: the kernel does not say)
+        self.step_pressure: list[float] = []
+        self.last_pressure: int | None = pressure_total()
         self.plan_applied: str | None = None
         self.candidates: list[dict[str, Any]] | None = None
         self.probe: Any = None  # autotune.backends.torch_probe.Probe, in a probe trial
@@ -68,6 +73,16 @@ class TrialState:
         # a warm process's later configurations (autotune.runtime.warm): the seconds its first one took to
         # start, which a fresh trial of this configuration would have taken too (how long it may measure on)
         self.process_startup = 0.0
+
+    def measured_pressure(self) -> tuple[float, ...]:
+        """The measured steps' CPU pressure, one per step (empty where any step's is unknown)."""
+        return tuple(self.step_pressure) if len(self.step_pressure) == len(self.step_seconds) else ()
+
+    def restart_clock(self) -> None:
+        """The next step starts now: what ran since the last one (the probe's checks, a switch of plans)
+        is no step's time or CPU pressure."""
+        self.last_step_end = time.perf_counter()
+        self.last_pressure = pressure_total()
 
     def startup_seconds(self) -> float:
         """Seconds from the runtime's start to the end of warm-up (0 before then)."""

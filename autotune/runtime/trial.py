@@ -50,6 +50,7 @@ import traceback
 from typing import Any
 
 from autotune.core.plans import Backend
+from autotune.core.pressure import pressure_total
 from autotune.core.protocol import (
     EXIT_COMPLETE,
     EXIT_FAILED,
@@ -122,7 +123,7 @@ class _Trial(TrialState):
             self._step_while_due()
             return
         synchronize_cuda()
-        now = time.perf_counter()
+        now, pressure = time.perf_counter(), pressure_total()
         self.steps += 1
         self.step_ends.append(now - self.started)
         micro, self.forwards = self.forwards or None, 0
@@ -135,6 +136,9 @@ class _Trial(TrialState):
             self.step_lengths.append(seen.longest)
         if self.steps > self.warmup_steps:
             self.step_seconds.append(now - self.last_step_end)
+            if pressure is not None and self.last_pressure is not None and now > self.last_step_end:
+                waited = (pressure - self.last_pressure) / 1e6 / (now - self.last_step_end)
+                self.step_pressure.append(min(max(waited, 0.0), 1.0))
             if samples is not None:
                 counted = int(samples)
             elif seen.samples and seen.forwards == micro:
@@ -144,10 +148,10 @@ class _Trial(TrialState):
             self.step_samples.append(counted)
             if seen.tokens:
                 self.step_tokens.append(seen.tokens)
-        self.last_step_end = now
+        self.last_step_end, self.last_pressure = now, pressure
         if self.probe is not None and hasattr(self.probe, "after_step"):
             self.probe.after_step(self)  # the probe's plan checks, between two training steps
-            self.last_step_end = time.perf_counter()
+            self.restart_clock()
         write_progress(
             self.progress_path, self.steps, self.rank, self.phase_now or self.segment_phase, pinned_bytes()
         )
@@ -245,6 +249,7 @@ class _Trial(TrialState):
             shifted=self.shifted,
             segments=list(self.segments) if self.request.sweep else None,
             rss_peak=rss_high_water(),
+            step_pressure=first.step_pressure if first else self.measured_pressure(),
         ).write(self.report_path)
 
     def own_checkpointing(self, counted: bool = True) -> str | None:

@@ -2,10 +2,11 @@
 anything is concluded from it, and how sure an answer is.
 
 A trial's steps agree to ±1% while two trials of one configuration on a shared machine have read 62.5 and
-1.3 samples/s: the load that matters comes and goes between trials (docs/reliability.md). Each trial records the
-kernel's CPU pressure over its run (autotune.hardware.load). A reading is *disturbed* when the pressure
-over its trial was more than LOADED above the quietest trial of the study (the trial's own threads, the
-tuner's meter: what a quiet machine shows). A configuration's speed is the median of all its readings
+1.3 samples/s: the load that matters comes and goes between trials (docs/reliability.md). Each trial records
+the kernel's CPU pressure over its run (autotune.hardware.load) and over each of its measured steps; its
+speed is read from the steps a busy moment did not slow (autotune.core.pressure). A reading is *disturbed*
+when the pressure over those steps was more than LOADED above the quietest reading's of the study (the
+trial's own threads, the tuner's meter: what a quiet machine shows). A configuration's speed is the median of all its readings
 (autotune.core.stats.pooled): with three, one that a burst slowed 48x does not move it.
 
 Two readings of one configuration *disagree* when their intervals, each at least ±BETWEEN_FLOOR (what two
@@ -43,7 +44,9 @@ REMEASURE_ATTEMPT = 2  # leases of re-measurements start here (0: the first tria
 
 
 def pressure(record: TrialRecord) -> float | None:
-    return record.load.cpu_pressure if record.load is not None else None
+    """The CPU pressure over the steps its speed was read from (the busy ones left out: autotune.core.pressure),
+    else over its whole trial."""
+    return record.load.reading_pressure if record.load is not None else None
 
 
 def disturbed(records: Iterable[TrialRecord]) -> set[int]:
@@ -166,7 +169,7 @@ def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> 
         rs = readings(records, config)
         if not rs or in_flight(records, config):
             continue
-        unsure = any(r.number in busy or (r.load is not None and r.load.cpu_pressure is None) for r in rs)
+        unsure = any(r.number in busy or (r.load is not None and r.load.reading_pressure is None) for r in rs)
         if (len(rs) < 2 and unsure) or (len(rs) < MAX_READINGS and disagree(_intervals(rs))):
             needing.append((len(rs), order, config))
     return min(needing)[2] if needing else None

@@ -34,7 +34,6 @@ from autotune.core.protocol import (
     TrialReport,
     TrialRequest,
 )
-from autotune.core.stats import median_interval
 from autotune.hardware.devices import Device, gpus_in, resolve_device
 from autotune.hardware.host import default_host_budget
 from autotune.hardware.load import LoadSnapshot
@@ -44,7 +43,7 @@ from autotune.trials.command import TrialCommand
 from autotune.trials.interrupts import InterruptShield
 from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
-from autotune.trials.result import TrialResult, classify, throughput, token_throughput
+from autotune.trials.result import TrialResult, classify, steps_load, throughput, token_throughput
 from autotune.trials.settings import TrialSettings
 from autotune.trials.settle import Settle
 from autotune.trials.workload import workload_of
@@ -249,7 +248,8 @@ def run_trial(
         error = "\n".join(filter(None, [error, tail(workdir / "stderr.log")]))
     ranks = _rank_results(reading, reports, exit_info, ceiling)
     result = dataclasses.replace(
-        trial_result(outcome, error, request, device, reading, exit_info, report, workdir, ranks), load=load
+        trial_result(outcome, error, request, device, reading, exit_info, report, workdir, ranks),
+        load=steps_load(load, report),
     )
     if request.sweep and report is not None and report.segments:
         return _swept(result, report.segments, request, reading)
@@ -275,9 +275,7 @@ def _swept(
             else max(reading.by_phase.get(SEGMENT_PHASE + segment.plan, 0), startup)
         )
         exact = segment.rss_peak if reading.method == "rss" and segment.rss_peak is not None else 0
-        speed = median_interval(
-            [n / s for n, s in zip(segment.step_samples, segment.step_seconds, strict=True)]
-        )
+        speed = throughput(segment)
         results.append(
             dataclasses.replace(
                 first,
@@ -295,7 +293,8 @@ def _swept(
                 warmup_peak_bytes=first.warmup_peak_bytes if i == 0 else None,
                 steady_peak_bytes=first.steady_peak_bytes if i == 0 else None,
                 phase_peaks=None,
-                tokens_per_sec=_segment_tokens(segment),
+                tokens_per_sec=token_throughput(segment),
+                load=steps_load(load, segment) if (load := first.load) is not None else None,
                 startup_seconds=first.startup_seconds if i == 0 else None,
                 measured_seconds=sum(segment.step_seconds) or None,
             )
@@ -321,13 +320,6 @@ def _swept(
         )
     head, *rest = results
     return dataclasses.replace(head, sweep=tuple(rest))
-
-
-def _segment_tokens(segment: Segment) -> float | None:
-    if not segment.step_tokens or len(segment.step_tokens) != len(segment.step_seconds):
-        return None
-    speed = median_interval([n / s for n, s in zip(segment.step_tokens, segment.step_seconds, strict=True)])
-    return speed.mid if speed is not None else None
 
 
 def _rank_results(

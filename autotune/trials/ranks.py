@@ -97,6 +97,12 @@ def merge_reports(
         steps_done=min((r.steps_done for r in reports.values()), default=0),
         step_seconds=tuple(max(r.step_seconds[i] for r in complete) for i in range(steps)),
         step_samples=tuple(sum(r.step_samples[i] for r in complete) for i in range(steps)),
+        # one machine's pressure, read by each rank over its own step: a step is as busy as its busiest read
+        step_pressure=(
+            tuple(max(r.step_pressure[i] for r in complete) for i in range(steps))
+            if complete and all(len(r.step_pressure) >= steps for r in complete)
+            else ()
+        ),
         torch_peak_allocated=_largest(r.torch_peak_allocated for r in reports.values()),
         torch_peak_reserved=_largest(r.torch_peak_reserved for r in reports.values()),
         error=error,

@@ -3,13 +3,15 @@ report, never from its logs."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.backends.probe_report import ModuleCandidate, ProbeReport
 from autotune.core.budget import fits, peak_phase
-from autotune.core.protocol import Outcome, RankResult, TrialReport
+from autotune.core.pressure import quiet_rates, set_aside
+from autotune.core.protocol import Outcome, RankResult, Segment, TrialReport
 from autotune.core.stats import Interval, median_interval
 from autotune.hardware.host import kill_cause, mib
 from autotune.hardware.load import Load
@@ -183,16 +185,26 @@ def misconfigured(result: TrialResult) -> str | None:
     return None
 
 
-def throughput(report: TrialReport | None) -> Interval | None:
-    """Median samples/s over the measured steps (warm-up excluded), with its interval."""
+def throughput(report: TrialReport | Segment | None) -> Interval | None:
+    """Median samples/s over the measured steps (warm-up excluded) a busy moment did not slow
+    (autotune.core.pressure), with its interval."""
     if report is None or not report.step_seconds:
         return None
-    return median_interval([n / s for n, s in zip(report.step_samples, report.step_seconds, strict=True)])
+    return median_interval(quiet_rates(report.step_samples, report.step_seconds, report.step_pressure))
 
 
-def token_throughput(report: TrialReport | None) -> float | None:
-    """Median tokens/s over the measured steps, where the model's inputs were (B, T) token ids."""
+def token_throughput(report: TrialReport | Segment | None) -> float | None:
+    """Median tokens/s over the same steps, where the model's inputs were (B, T) token ids."""
     if report is None or not report.step_seconds or len(report.step_tokens) != len(report.step_seconds):
         return None
-    speed = median_interval([n / s for n, s in zip(report.step_tokens, report.step_seconds, strict=True)])
+    speed = median_interval(quiet_rates(report.step_tokens, report.step_seconds, report.step_pressure))
     return speed.mid if speed is not None else None
+
+
+def steps_load(load: Load, report: TrialReport | Segment | None) -> Load:
+    """``load`` with what the trial's own steps said of it: the pressure over the steps its speed was read
+    from, and how many it left out as busy (autotune.core.pressure)."""
+    if report is None:
+        return load
+    left_out, pressure = set_aside(report.step_pressure, len(report.step_seconds))
+    return dataclasses.replace(load, steps_pressure=pressure, set_aside=left_out)

@@ -70,11 +70,11 @@ from autotune.core.protocol import (
     warm_file,
 )
 from autotune.hardware.host import mib
-from autotune.hardware.load import LoadSnapshot
+from autotune.hardware.load import Load, LoadSnapshot
 from autotune.hardware.meters import HOST_METHODS, MemoryReading
 from autotune.trials.launcher import Launch, ProcessExit, Stage, TrialProcess, tail
 from autotune.trials.measurement import TrialJob, read_report, trial_launch, trial_request, trial_result
-from autotune.trials.result import TrialResult, classify
+from autotune.trials.result import TrialResult, classify, steps_load
 from autotune.trials.settings import TrialSettings
 
 HARNESS = "autotune.runtime.harness"
@@ -197,8 +197,8 @@ class WarmProcess:
         if timed_out == "untaken":
             self._end(None)
             raise Untaken(f"its process did not take configuration {run} within {TAKE_SECONDS:g}s")
-        result = self._result(request, run, timed_out, stage, since)
-        return dataclasses.replace(result, load=before.until(LoadSnapshot.now()), warm_run=run)
+        load = before.until(LoadSnapshot.now())
+        return dataclasses.replace(self._result(request, run, timed_out, stage, since, load), warm_run=run)
 
     def close(self) -> None:
         """End the process: told to end, stopped if it does not within END_SECONDS."""
@@ -255,7 +255,7 @@ class WarmProcess:
         return read_position(self._progress)
 
     def _result(
-        self, request: TrialRequest, run: int, timed_out: str | None, stage: Stage, since: float
+        self, request: TrialRequest, run: int, timed_out: str | None, stage: Stage, since: float, load: Load
     ) -> TrialResult:
         """The configuration's result: from its report and its own samples while the process lives on;
         as a fresh trial's from how the process ended where it did not (its first configuration: the whole
@@ -279,7 +279,8 @@ class WarmProcess:
             reading = dataclasses.replace(reading, peak_bytes=job.ceiling + 1)  # a lower bound, past it
         if outcome is Outcome.FAILED:
             error = "\n".join(filter(None, [error, tail(folder / "stderr.log")]))
-        return trial_result(outcome, error, request, job.device, reading, exit_info, report, folder)
+        result = trial_result(outcome, error, request, job.device, reading, exit_info, report, folder)
+        return dataclasses.replace(result, load=steps_load(load, report))
 
     def _at_rest(
         self, report: TrialReport, stage: Stage, since: float, run: int

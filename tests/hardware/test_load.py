@@ -3,6 +3,7 @@ formats: a busy machine is not something a test can order)."""
 
 from __future__ import annotations
 
+from autotune.core import pressure
 from autotune.hardware import load
 from autotune.hardware.load import Load, LoadSnapshot
 
@@ -15,8 +16,8 @@ def counters(tmp_path, pressure_us: int, steal: int, idle: int) -> None:
 
 
 def test_cpu_pressure_and_steal_are_shares_of_the_trial_s_wall_time(tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv(load.PRESSURE_ENV)
-    monkeypatch.setattr(load, "PRESSURE_PATH", str(tmp_path / "pressure"))
+    monkeypatch.delenv(pressure.PRESSURE_ENV)
+    monkeypatch.setattr(pressure, "PRESSURE_PATH", str(tmp_path / "pressure"))
     monkeypatch.setattr(load, "STAT_PATH", str(tmp_path / "stat"))
     counters(tmp_path, 1_000_000, 10, 840)
     before = LoadSnapshot.now()
@@ -31,8 +32,8 @@ def test_cpu_pressure_and_steal_are_shares_of_the_trial_s_wall_time(tmp_path, mo
 
 
 def test_a_kernel_without_pressure_says_nothing_rather_than_quiet(tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv(load.PRESSURE_ENV)
-    monkeypatch.setattr(load, "PRESSURE_PATH", str(tmp_path / "absent"))
+    monkeypatch.delenv(pressure.PRESSURE_ENV)
+    monkeypatch.setattr(pressure, "PRESSURE_PATH", str(tmp_path / "absent"))
     monkeypatch.setattr(load, "STAT_PATH", str(tmp_path / "absent"))
     seen = LoadSnapshot.now().until(LoadSnapshot.now())
     assert (seen.cpu_pressure, seen.steal) == (None, None)

@@ -40,6 +40,21 @@ def is_verification() -> bool:
         return json.load(f).get("settle_steps", 0) > 0
 
 
+def wait_for_a_cpu(seconds: float) -> None:
+    """Stand-in for a neighbour's burst (a busy machine is not something a test can order): sleep
+    ``seconds`` and add them to the kernel-format CPU pressure file the test pointed every process at
+    ($AUTOTUNE_CPU_PRESSURE_PATH), as the kernel counts the time a runnable task waited for a CPU."""
+    time.sleep(seconds)
+    path = os.environ["AUTOTUNE_CPU_PRESSURE_PATH"]
+    with open(path, "r+") as f:
+        total = int(f.readline().split("total=")[1]) + int(seconds * 1e6)
+        f.seek(0)
+        f.truncate()
+        f.write(
+            f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        )
+
+
 def count_reading(state_dir: str | None, batch: int, plan: str, kind: str = "") -> int:
     """How many trials of (batch, plan) ran before this one (0 without a state dir); kind "v": how many of
     its verifications."""
@@ -142,6 +157,12 @@ def main() -> None:
         default=None,
         help="STEP=FACTOR: from this step (from 0) on, each step takes FACTOR times longer: a load that arrives "
         "while the trial runs",
+    )
+    p.add_argument(
+        "--busy-steps",
+        default=None,
+        help="FIRST-LAST=FACTOR: steps FIRST to LAST (from 0) take FACTOR times longer, and the CPU pressure "
+        "file ($AUTOTUNE_CPU_PRESSURE_PATH) counts the extra time as waited for a CPU: a neighbour's burst",
     )
     p.add_argument("--oom-plan", default=None, help="raise MemoryError at the first step with this plan")
     p.add_argument("--crash-plan", default=None, help="raise ValueError at step 1 with this plan")
@@ -273,7 +294,13 @@ def main() -> None:
         spike = touched(args.spike_mib) if step == 1 else None
         arrived = args.slow_from is not None and step >= int(args.slow_from.split("=")[0])
         load = float(args.slow_from.split("=")[1]) if arrived else 1.0
-        time.sleep(load * step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1))))
+        seconds = load * step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1)))
+        if args.busy_steps is not None:
+            steps, _, factor = args.busy_steps.partition("=")
+            first, _, last = steps.partition("-")
+            if int(first) <= step <= int(last):
+                wait_for_a_cpu(seconds * (float(factor) - 1))
+        time.sleep(seconds)
         del spike
         autotune.step()
     sys.stdout.write("finished all steps\n")

@@ -234,6 +234,30 @@ def test_a_reading_whose_steps_saw_the_load_change_is_disturbed_even_where_the_k
     assert unsettled(records, [(32, "none")]) == (32, "none")
 
 
+def test_a_reading_is_as_disturbed_as_the_steps_it_was_read_from() -> None:
+    """A trial whose start-up and busy steps a burst took (CPU pressure 40% over the whole trial) but whose
+    speed was read from steps at 1% (the busy ones left out: autotune.core.pressure) is no disturbed
+    reading: it is not measured again before it decides the stop. One read from steps at 40% is."""
+    import dataclasses
+
+    from autotune.hardware.load import Load
+    from autotune.search.noise import disturbed, unsettled
+
+    quiet, busy = Load(0.01, 0.0, 1.0, 2, steps_pressure=0.01), Load(0.40, 0.0, 1.0, 2, steps_pressure=0.01)
+    records = [
+        dataclasses.replace(_reading(0, 4, "none", 50.0), load=quiet),
+        dataclasses.replace(_reading(1, 32, "none", 90.0), load=dataclasses.replace(busy, set_aside=5)),
+    ]
+    assert disturbed(records) == set()
+    assert unsettled(records, [(32, "none")]) is None
+    records[1] = dataclasses.replace(records[1], load=dataclasses.replace(busy, steps_pressure=0.40))
+    assert disturbed(records) == {1}
+    assert unsettled(records, [(32, "none")]) == (32, "none")
+    # a record stored before the steps' pressure was kept: its whole trial's
+    records[1] = dataclasses.replace(records[1], load=Load(0.40, 0.0, 1.0, 2))
+    assert disturbed(records) == {1}
+
+
 def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side_cannot() -> None:
     """Beside four bursting neighbours on 2 cores, examples/mlp.py's none@128 read faster than none@384 even
     side by side, and was answered at 0.72 of none@384's quiet speed. Where a busy machine took the
