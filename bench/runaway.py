@@ -5,6 +5,11 @@ The runaway holds 8 MiB more every few milliseconds (about 1 GiB/s: bytearrays f
 resident) and steps every 512 MiB, up to 6 GiB; ``autotune measure --budget`` stops it. Prints each run's
 outcome and peak over the budget, and the worst per condition. Goal: within 5% of the budget, quiet and loaded.
 
+The guard must cost a trial that is not running away nothing: then examples/gpt.py at batch 32 (~800 of
+1024 MiB) is measured with ``--budget 1GiB`` and without, interleaved, on a quiet machine: each pair's
+samples/s ratio and the steps' CPU pressure. (The meter once sampled every 2 ms past half the ceiling,
+and such a trial read 10-14% slower with its budget.)
+
     python bench/runaway.py [--budget-mb 800] [--repeat 5] [--out bench/results/runaway-cpu.txt]
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from robustness import finish, header, quiet_and_loaded
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RUNAWAY = """import autotune
 held = []
@@ -37,6 +45,18 @@ def once(script: Path, budget_mb: int, cache: str) -> tuple[str, float]:
     )  # fmt: skip
     data = json.loads(proc.stdout)
     return data["outcome"], data["peak_bytes"] / (budget_mb * 1e6) - 1
+
+
+def near(budget: str | None, cache: str) -> tuple[float, float]:
+    """examples/gpt.py at batch 32, measured with ``budget`` (None: none): samples/s, the steps' pressure."""
+    limit = ["--budget", budget] if budget else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "measure", "-b", "32", "--device", "cpu", *limit, "--json",
+         "--cache-dir", cache, str(ROOT / "examples" / "gpt.py")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    data = json.loads(proc.stdout)
+    return data["samples_per_sec"], data["load"]["steps_pressure"] or 0.0
 
 
 def main() -> None:
@@ -61,6 +81,23 @@ def main() -> None:
         lines.append(f"{condition:7} run {r + 1}: {outcome:12} {over:+.1%}")
         print(lines[-1], flush=True)
     lines += [f"worst {condition}: {over:+.1%}" for condition, over in worst.items()]
+    lines.append("# examples/gpt.py at batch 32 (~800 MiB), --budget 1GiB against none, quiet, interleaved")
+    ratios = []
+    for r in range(args.repeat):
+        (capped, capped_p), (free, free_p) = (
+            near("1GiB", str(folder / "cache")),
+            near(None, str(folder / "cache")),
+        )
+        ratios.append(capped / free)
+        lines.append(
+            f"pair {r + 1}: {capped:.1f} vs {free:.1f} samples/s ({capped / free:.3f}x), "
+            f"steps' CPU pressure {capped_p:.3f} vs {free_p:.3f}"
+        )
+        print(lines[-1], flush=True)
+    lines.append(
+        f"with the budget: {statistics.median(ratios):.3f}x the samples/s without (range "
+        f"{min(ratios):.3f}-{max(ratios):.3f})"
+    )
     finish(lines, args.out)
 
 
