@@ -44,8 +44,7 @@ def quiet_steps(pressures: Sequence[float], steps: int) -> list[int]:
     one per step) or fewer than MIN_QUIET_STEPS are quiet."""
     if len(pressures) != steps or not steps:
         return list(range(steps))
-    floor = min(pressures) + STEP_LOADED
-    quiet = [i for i, p in enumerate(pressures) if p <= floor]
+    quiet = _near_quietest(pressures)
     return quiet if len(quiet) >= MIN_QUIET_STEPS else list(range(steps))
 
 
@@ -55,8 +54,14 @@ def burst(pressures: Sequence[float], steps: int) -> bool:
     measures on a little, for the burst to pass: autotune.runtime.settling)."""
     if len(pressures) != steps or not steps:
         return False
+    quiet = _near_quietest(pressures)
+    return len(pressures) > len(quiet) and len(quiet) < MIN_QUIET_STEPS
+
+
+def _near_quietest(pressures: Sequence[float]) -> list[int]:
+    """The indices of the steps within STEP_LOADED of the quietest step's pressure."""
     floor = min(pressures) + STEP_LOADED
-    return max(pressures) > floor and sum(1 for p in pressures if p <= floor) < MIN_QUIET_STEPS
+    return [i for i, p in enumerate(pressures) if p <= floor]
 
 
 def quiet_rates(counts: Sequence[int], seconds: Sequence[float], pressures: Sequence[float]) -> list[float]:

@@ -6,8 +6,8 @@ A trial's steps agree to ±1% while two trials of one configuration on a shared 
 the kernel's CPU pressure over its run (autotune.hardware.load) and over each of its measured steps; its
 speed is read from the steps a busy moment did not slow (autotune.core.pressure). A reading is *disturbed*
 when the pressure over those steps was more than LOADED above the quietest reading's of the study (the
-trial's own threads, the tuner's meter: what a quiet machine shows). A configuration's speed is the median of all its readings
-(autotune.core.stats.pooled): with three, one that a burst slowed 48x does not move it.
+trial's own threads, the tuner's meter: what a quiet machine shows). A configuration's speed is the median
+of all its readings (autotune.core.stats.pooled): with three, one that a burst slowed 48x does not move it.
 
 Two readings of one configuration *disagree* when their intervals, each at least ±BETWEEN_FLOOR (what two
 quiet trials differ by), do not overlap. Such a configuration is measured again, up to MAX_READINGS,
