@@ -138,7 +138,7 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
         )
     contenders = list(dict.fromkeys([leader, *stronger, *_rivals(search, leader, records)]))[:MAX_CONTENDERS]
     if len(contenders) == 1:
-        result = _run_verification(search, lease, leader, settings, "verifies trial {trial}")
+        result = _run_verification(search, lease, leader, settings, "verifies {trial}")
         if not _fits(search, lease, leader, settings):
             _failed(search, lease, leader)
             return None
@@ -171,7 +171,7 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
         latest = set()
         for config in contenders:
             if config in fitting:
-                note = f"re-measures trial {{trial}} (round {round_} of {rounds})"
+                note = f"re-measures {{trial}} (round {round_} of {rounds})"
                 _run_verification(search, lease, config, settings, note)
                 records = records_of(search.study)
                 latest.add(
@@ -226,7 +226,7 @@ def _fits(search: Search, lease: Lease, config: Configuration, settings: TrialSe
             return verdict
         if _unaffordable(search) is not None:  # undecided, and no trial left to decide it: not an answer
             break
-        note = "re-measures trial {trial}: as many of its peaks were over the limit as under it"
+        note = "re-measures {trial}: as many of its peaks were over the limit as under it"
         _run_verification(search, lease, config, settings, note)
     return peak_verdict(records_of(search.study), config, search.limit) is True
 
@@ -325,9 +325,15 @@ def rivals(
     landscape says is fast is the machine's noise, not the configuration's speed) and the model's own
     structure does not rank them below the leader (:func:`dominates`: the leader's plan at a smaller batch
     is never faster than the leader, whatever a fit extrapolated below the batches it was fitted on says).
+    A configuration the leader dominates whose readings put it below the leader too is no rival, however
+    its interval overlaps: readings and structure agree, and :func:`choose` would not take it over the
+    leader from a tie; one that reads as fast as the leader or faster is, where they disagree.
 
     Measured (#32): a loop whose throughput is flat from batch 4 to 24 had batch 1 (20.3 samples/s) re-measured
-    twice against the 32.7 leader, none@24, on a fit of batches 4-24 that put batch 1 at the leader's speed."""
+    twice against the 32.7 leader, none@24, on a fit of batches 4-24 that put batch 1 at the leader's speed.
+    Measured (#41): bench/time_to_answer.py's GPT-2 on the CPU spent 65 of its 188 s verifying
+    GPT2Block:0.25@7 (3.68 samples/s, its interval overlapping) beside the leader none@7 (3.80), which
+    recomputes nothing at the same batch and was answered."""
     own = dict(ranked).get(leader)
     if own is None:
         return []
@@ -337,8 +343,10 @@ def rivals(
         # Only what the others measured predicts a configuration: its plan's overhead or the curve itself.
         known = config.plan == others.reference or config.plan in others.overhead
         predicted = (others.predict(*config) or 0.0) if known else 0.0
-        plausible = predicted >= own.low and not dominates(leader, config)
-        if config != leader and (reading.overlaps(own) or plausible):
+        below = dominates(leader, config)  # by the model's structure
+        plausible = predicted >= own.low and not below
+        agreed = below and reading.mid < own.mid  # and by its readings
+        if config != leader and not agreed and (reading.overlaps(own) or plausible):
             likely[config] = max(reading.mid, predicted)
     return sorted(likely, key=lambda c: -likely[c])[: MAX_CONTENDERS - 1]
 
@@ -486,7 +494,10 @@ def _failed(search: Search, lease: Lease, config: Configuration) -> None:
     largest = max((r.peak_bytes or 0 for r in over), default=0)
     why = f"{len(over)} of its {len(peaks)} peaks over the limit, up to {format_bytes(largest)}"
     search.store.end_lease(lease.id, LeaseState.FAILED, f"verification: {why}")
-    search.reporter.note(f"{_name(config)} failed verification ({why}); trying the next configuration")
+    search.reporter.note(
+        f"{_name(config)} failed verification ({why}): the search goes on from its peaks "
+        "(within --trials), then verifies the next leader"
+    )
 
 
 def _name(config: Configuration) -> str:
@@ -502,11 +513,12 @@ def _run_verification(
     retried: bool = False,
 ) -> TrialResult:
     """A longer trial of ``config``, asked, run and told (kind ``verification``); ``what`` is its note, with
-    ``{trial}`` for the number of the configuration's fitting trial. One whose machine was lost (a cluster
-    node) is failed as interrupted and run once more."""
+    ``{trial}`` for the configuration's fitting trial ("trial 7"; its name where it has none, as a challenger
+    whose readings were all warm and over the limit: issue 43 found "re-measures trial ?"). One whose machine
+    was lost (a cluster node) is failed as interrupted and run once more."""
     batch, plan = config
     first = _fitting(search, config)
-    note = what.format(trial=first.number if first is not None else "?")
+    note = what.format(trial=f"trial {first.number}" if first is not None else _name(config))
     trial = search.ask_fixed(batch, plan)
     for key, value in {
         "kind": TrialKind.VERIFICATION.value,

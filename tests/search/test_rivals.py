@@ -35,3 +35,19 @@ def test_a_slow_reading_of_another_plan_the_model_puts_at_the_leader_s_speed_is_
         trial(4, 48, "A:1", 5, samples_per_sec=48 / (0.05 + 48 * 0.0005 * 2.8) / 1.3),
     ]
     assert (48, "A:1") in rivals(Configuration(24, "none"), ranked(records), records, {})
+
+
+def test_a_configuration_the_leader_dominates_that_also_read_slower_is_no_rival() -> None:
+    """Issue 41: bench/time_to_answer.py's GPT-2 on the CPU spent 65 of its 188 s re-measuring GPT2Block:0.25@7
+    (3.68 samples/s, its interval overlapping the leader's) beside none@7 (3.80), which recomputes nothing at
+    the same batch: the structure and the readings agree. Where the readings disagree with the structure
+    (the plan read faster, or a smaller batch read as fast), it is a rival still."""
+    records = [
+        trial(0, 4, "none", 10, samples_per_sec=3.30, noise=0.03),
+        trial(1, 7, "none", 10, samples_per_sec=3.80, noise=0.03),
+        trial(2, 7, "A:0.25", 8, samples_per_sec=3.68, noise=0.03),
+    ]
+    assert records[2].throughput.overlaps(records[1].throughput)
+    assert rivals(Configuration(7, "none"), ranked(records), records, {}) == []
+    faster = [*records[:2], trial(2, 7, "A:0.25", 8, samples_per_sec=3.85, noise=0.03)]
+    assert rivals(Configuration(7, "none"), ranked(faster), faster, {}) == [(7, "A:0.25")]

@@ -5,6 +5,7 @@ module says. Real processes, real RSS."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -90,6 +91,25 @@ def test_one_process_reads_three_batch_sizes_and_two_plans_as_processes_of_their
         alone = _alone(tmp_path, words, reading.batch_size, reading.plan)
         assert reading.peak_bytes == pytest.approx(alone.peak_bytes, abs=2 * MiB), reading
     assert readings[1].peak_bytes - readings[0].peak_bytes == pytest.approx(12 * 8 * MiB, abs=2 * MiB)
+
+
+def test_a_configuration_after_the_first_warms_up_one_step_less(tmp_path: Path) -> None:
+    """The process's first step paid its one-time costs: after its first configuration, each warms up one
+    step less than a fresh process (at least one), and measures as many steps. (``warmup_max`` 1: no slow
+    first step may lengthen a warm-up here, so the count is exact.)"""
+    words = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "1", "--step-seconds", "0.01"]
+    job = _job(tmp_path, words)
+    for warmup, expected in ((2, [2, 1, 1]), (1, [1, 1, 1]), (4, [4, 3, 3])):
+        settings = TrialSettings(warmup, 3, 120, 300, tight=0, warmup_max=1)
+        warm = WarmProcess(dataclasses.replace(job, settings=settings))
+        try:
+            readings = [warm.measure(batch, parse_plan("none")) for batch in (1, 2, 4)]
+        finally:
+            warm.close()
+        assert [r.outcome for r in readings] == [Outcome.COMPLETE] * 3, [r.error for r in readings]
+        assert [r.warm_run for r in readings] == [1, 2, 3]
+        assert [r.warmup_steps for r in readings] == expected
+        assert [len(r.step_seconds) for r in readings] == [3, 3, 3]
 
 
 @pytest.mark.slow
