@@ -70,6 +70,13 @@ class ConsoleReporter:
         self.best = best
         best_text = f"best #{best.number}" if best is not None and best.samples_per_sec else ""
         self.console.print(trial_line(record, self.console.width, self.names, best_text), highlight=False)
+        if record.slow_start:  # its reading starts past a slow start
+            self.console.print(
+                f"trial {record.number} measured past {record.slow_start}",
+                style="dim",
+                highlight=False,
+                markup=False,
+            )
         if record.shifted:  # measuring longer stopped: it is measured again, interleaved, where it decides
             self.console.print(
                 f"trial {record.number} measured no longer: {record.shifted}",

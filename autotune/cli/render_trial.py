@@ -66,6 +66,8 @@ def measured(result: TrialResult) -> str:
                 f"over {len(times)} steps",
             )
         )
+    if result.slow_start:
+        rows.append(("warm-up", f"measured past {result.slow_start}"))
     if result.lengths is not None and result.lengths[0] != result.lengths[1]:
         rows.append(("inputs", varied_lengths(result.lengths)))
     if result.torch_peak_reserved is not None:

@@ -248,6 +248,8 @@ class TrialReport:
     settled: str | None = None
     # a measurement that stopped lengthening because the load changed as it ran (autotune.runtime.settling)
     shifted: str | None = None
+    # a slow start it measured past: its first steps became warm-up (autotune.runtime.settling.unsettled)
+    slow_start: str | None = None
     # a sweep (TrialRequest.sweep): every segment that completed, in order, the first (the request's plan)
     # included; the outcome and error, where not complete, are the next segment's. The report's own steps
     # are the first segment's.

@@ -4,6 +4,8 @@ while its peak may still grow. None of them in a multi-process job, whose ranks 
 
 from __future__ import annotations
 
+import statistics
+
 from autotune.core.pressure import burst, quiet_rates
 from autotune.core.protocol import read_settled
 from autotune.core.stats import median_interval
@@ -14,6 +16,7 @@ SETTLE_FACTOR = 1.5  # a first measured step this much slower than the median of
 # a neighbour's bursts on this 2-core machine lasted 1-6 s, and the search would otherwise measure the
 # configuration again (a warm configuration's warm-up and steps, ~2-5 s here, with another chance of a burst).
 BURST_WAIT = 4.0
+TREND = 0.6  # Kendall's S over the pairs of measured steps at which they are getting faster (speeding_up)
 
 
 def peak_settling(trial: TrialState) -> bool:
@@ -37,9 +40,12 @@ def measuring_on(trial: TrialState) -> bool:
     the request's ``tight`` and the trial may measure longer: its measured steps have taken less than
     ``measure_share`` of its start-up (to the end of its warm-up) and ``measure_cap`` seconds, and the load
     has not changed as it ran (``shifted``). A trial that took 18 s to start is worth more than 0.35 s of
-    measured steps. A trial a burst took all but a step or two of (``burst``) measures on for up to
-    BURST_WAIT seconds of steps, whatever its start-up. Not in a multi-process job: each rank would decide
-    alone, and one that stopped a step before another would leave it waiting in a collective."""
+    measured steps. While its steps are still getting faster (``speeding_up``: a slow start that has not
+    ended), the bound is what the trial has cost so far, its whole start-up, not a share of it: the slow
+    steps then become warm-up (:func:`unsettled`) and the reading is the steady ones'. A trial a burst took
+    all but a step or two of (``burst``) measures on for up to BURST_WAIT seconds of steps, whatever its
+    start-up. Not in a multi-process job: each rank would decide alone, and one that stopped a step before
+    another would leave it waiting in a collective."""
     if not trial.request.tight or trial.rank is not None or not trial.step_seconds:
         return False
     spent = sum(trial.step_seconds)
@@ -48,9 +54,10 @@ def measuring_on(trial: TrialState) -> bool:
     if burst(trial.measured_pressure(), len(trial.step_seconds)) and spent < BURST_WAIT:
         return True  # too few quiet steps to read a speed from: a little longer, for the burst to pass
     startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
-    if spent >= trial.request.measure_share * startup:
-        return False
     rates = quiet_rates(trial.step_samples, trial.step_seconds, trial.measured_pressure())
+    share = 1.0 if speeding_up(rates, trial.request.tight) else trial.request.measure_share
+    if spent >= share * startup:
+        return False
     speed = median_interval(rates)
     if speed is None or speed.noise <= trial.request.tight:
         return False
@@ -58,6 +65,22 @@ def measuring_on(trial: TrialState) -> bool:
         trial.shifted = why
         return False
     return True
+
+
+def speeding_up(rates: list[float], tight: float) -> bool:
+    """Whether the measured steps are getting faster: the later half reads faster than the earlier half, by
+    their medians, by more than ``tight``, and the steps rise in order (Kendall's S, over every pair of
+    steps, at least TREND of the pairs: steps noisy around one speed reach it one time in nine (14 of 120 orders) with five
+    steps, a slow start settling every time). A slow start that may not have ended (issue 43: a script that
+    checkpoints every other block itself took 0.40-0.67 s a step for its first ~7 steps at batch 12 and
+    0.21-0.23 s after; its five measured steps, all slow, were its reading, 21.3 samples/s where it runs at
+    52.9)."""
+    half = len(rates) // 2
+    if half < 2 or statistics.median(rates[half:]) <= (1 + tight) * statistics.median(rates[:half]):
+        return False
+    pairs = [(a, b) for i, a in enumerate(rates) for b in rates[i + 1 :]]
+    rising = sum((b > a) - (b < a) for a, b in pairs)
+    return rising >= TREND * len(pairs)
 
 
 def shifted(rates: list[float], measured_steps: int) -> str | None:
@@ -80,19 +103,41 @@ def shifted(rates: list[float], measured_steps: int) -> str | None:
 
 
 def unsettled(trial: TrialState) -> bool:
-    """Whether the first measured step is still warming up: then it becomes warm-up (up to the cap)."""
+    """Whether the measured steps start with steps still warming up (:func:`slow_prefix`): then they become
+    warm-up (up to the cap) and as many more are measured. A prefix of two steps or more is a slow start the
+    trial says it measured past (``slow_start``)."""
     cap = max(trial.request.warmup_max, trial.request.warmup_steps)
     # Not in a multi-process job: each rank would decide alone, and a rank that stopped a step before
     # another would leave it waiting in a collective.
-    if trial.rank is not None or len(trial.step_seconds) < 3 or trial.warmup_steps >= cap:
+    if trial.rank is not None or trial.warmup_steps >= cap:
         return False
-    rest = sorted(trial.step_seconds[1:])
-    if trial.step_seconds[0] <= SETTLE_FACTOR * rest[(len(rest) - 1) // 2]:  # the lower median
+    k = slow_prefix(trial.step_seconds, cap - trial.warmup_steps)
+    if not k:
         return False
-    trial.warmup_steps += 1
+    slowest, steady = max(trial.step_seconds[:k]), sorted(trial.step_seconds[k:])
+    trial.slowest_warmup = max(trial.slowest_warmup, slowest)
+    trial.warmup_steps += k
+    if trial.warmup_steps - trial.request.warmup_steps >= 2:
+        trial.slow_start = (
+            f"a slow start: its first {trial.warmup_steps} steps were warm-up ({trial.request.warmup_steps} "
+            f"asked), up to {trial.slowest_warmup:.3g} s a step where the steady ones took "
+            f"{steady[(len(steady) - 1) // 2]:.3g} s"
+        )
     if len(trial.step_pressure) == len(trial.step_seconds):
-        del trial.step_pressure[0]
-    del trial.step_seconds[0], trial.step_samples[0]
+        del trial.step_pressure[:k]
+    del trial.step_seconds[:k], trial.step_samples[:k]
     if len(trial.step_tokens) > len(trial.step_seconds):
-        del trial.step_tokens[0]
+        del trial.step_tokens[: len(trial.step_tokens) - len(trial.step_seconds)]
     return True
+
+
+def slow_prefix(seconds: list[float], most: int) -> int:
+    """The length of the longest prefix of the measured steps (at most ``most``, with at least two steps
+    after it) each of whose steps took more than SETTLE_FACTOR times the lower median of the steps after
+    it; 0 where there is none. A first step that is an outlier is a prefix of one; a slow start of several
+    steps (issue 43) is found once a few steady steps follow it, however many the slow ones are."""
+    for k in range(min(most, len(seconds) - 2), 0, -1):
+        rest = sorted(seconds[k:])
+        if min(seconds[:k]) > SETTLE_FACTOR * rest[(len(rest) - 1) // 2]:  # the lower median
+            return k
+    return 0

@@ -40,6 +40,8 @@ class TrialState:
         self.probe: Any = None  # autotune.backends.torch_probe.Probe, in a probe trial
         self.settled: str | None = None  # why a settling verification ended: settled, time cap, step cap
         self.shifted: str | None = None  # the load changed while it measured: lengthening stopped
+        self.slow_start: str | None = None  # a slow start it measured past (runtime.settling.unsettled)
+        self.slowest_warmup = 0.0  # seconds: the slowest measured step that became warm-up
         self.optimizer: Any = None
         self.explicit_steps = False
         self.counted_optimizer: int | None = None

@@ -247,6 +247,7 @@ class _Trial(TrialState):
             own_checkpointing=self.own_checkpointing(),
             settled=f"{self.settled} after {self.steps} steps" if self.settled else None,
             shifted=self.shifted,
+            slow_start=self.slow_start,
             segments=list(self.segments) if self.request.sweep else None,
             rss_peak=rss_high_water(),
             step_pressure=first.step_pressure if first else self.measured_pressure(),

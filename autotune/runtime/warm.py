@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import os
 import sys
@@ -128,10 +127,12 @@ def reset_high_water() -> None:
 
 def _malloc_trim() -> None:
     """glibc keeps freed heap pages; ``malloc_trim(0)`` hands every whole free page back to the kernel (a
-    no-op where the C library has none: musl, macOS)."""
-    name = ctypes.util.find_library("c")
+    no-op where the C library has none: musl, macOS). Looked up in the symbols the process has loaded
+    (``CDLL(None)``, as the shim does), not by ``ctypes.util.find_library``, which runs ``ldconfig -p``: a
+    child the meter sampled as part of the configuration's tree, which turned its reading into ``rss-tree``
+    (a loaded CI worker caught it; tests/search/test_robustness.py asserts a one-process ``rss``)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(name).malloc_trim(0)
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _await(path: Path) -> WarmMessage:

@@ -187,6 +187,7 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         **({"own_checkpointing": result.own_checkpointing} if result.own_checkpointing else {}),
         **({"settled": result.settled} if result.settled else {}),
         **({"shifted": result.shifted} if result.shifted else {}),
+        **({"slow_start": result.slow_start} if result.slow_start else {}),
         "startup_seconds": result.startup_seconds,
         "measured_seconds": result.measured_seconds,
         **({"ranks": [r.to_dict() for r in result.ranks]} if result.ranks else {}),

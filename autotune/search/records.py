@@ -110,6 +110,7 @@ class TrialRecord:
     own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
     settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
     shifted: str | None = None  # its measurement stopped lengthening: the load changed as it ran
+    slow_start: str | None = None  # a slow start it measured past: its first steps became warm-up
     startup_seconds: float | None = None  # from its launch to the end of its first step
     measured_seconds: float | None = None  # its measured steps together
     # its peak as the meter read it, where peak_bytes was carried to the job's longest inputs
@@ -239,6 +240,7 @@ _ATTRS = (
     "own_checkpointing",
     "settled",
     "shifted",
+    "slow_start",
     "startup_seconds",
     "measured_seconds",
     "warm_run",
@@ -250,7 +252,7 @@ class DamagedTrial(ValueError):
 
 
 _TEXT_ATTRS = {"proposed_by", "log_dir", "error", "worker", "device", "note", "memory_method", "own_checkpointing",
-               "settled", "shifted"}  # fmt: skip
+               "settled", "shifted", "slow_start"}  # fmt: skip
 
 
 def _checked_attr(name: str, value: Any) -> Any:

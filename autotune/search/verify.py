@@ -326,8 +326,9 @@ def rivals(
     structure does not rank them below the leader (:func:`dominates`: the leader's plan at a smaller batch
     is never faster than the leader, whatever a fit extrapolated below the batches it was fitted on says).
     A configuration the leader dominates whose readings put it below the leader too is no rival, however
-    its interval overlaps: readings and structure agree, and :func:`choose` would not take it over the
-    leader from a tie; one that reads as fast as the leader or faster is, where they disagree.
+    its interval overlaps: readings and structure agree; one that reads as fast as the leader or faster is,
+    where they disagree, and so is a smaller batch of the leader's plan within TIE of it, which
+    :func:`choose` takes from a tie for its smaller peak.
 
     Measured (#32): a loop whose throughput is flat from batch 4 to 24 had batch 1 (20.3 samples/s) re-measured
     twice against the 32.7 leader, none@24, on a fit of batches 4-24 that put batch 1 at the leader's speed.
@@ -345,7 +346,9 @@ def rivals(
         predicted = (others.predict(*config) or 0.0) if known else 0.0
         below = dominates(leader, config)  # by the model's structure
         plausible = predicted >= own.low and not below
-        agreed = below and reading.mid < own.mid  # and by its readings
+        # and by its readings, unless it ties and choose() would take it for its smaller peak
+        tied = not outranks(leader, config) and reading.mid >= own.mid * (1 - TIE)
+        agreed = below and reading.mid < own.mid and not tied
         if config != leader and not agreed and (reading.overlaps(own) or plausible):
             likely[config] = max(reading.mid, predicted)
     return sorted(likely, key=lambda c: -likely[c])[: MAX_CONTENDERS - 1]
@@ -393,6 +396,13 @@ def challengers(
     return order[: MAX_CONTENDERS - 1]
 
 
+def outranks(config: Configuration, other: Configuration) -> bool:
+    """Whether ``config`` wins a tie with ``other`` by the throughput model's structure whatever their peaks:
+    the same batch with a plan that ``other``'s recomputes at least (:func:`dominates`, less its larger
+    batches of one plan)."""
+    return config[1] != other[1] and dominates(config, other)
+
+
 def _loaded(records: list[TrialRecord], configs: list[Configuration]) -> bool:
     """Whether a busy machine took any reading of ``configs`` (autotune.search.noise.disturbed)."""
     busy = noise.disturbed(records)
@@ -418,9 +428,13 @@ def dominating(
 
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
     """The fastest contender by all its readings; among those within its noise (at most TIE of its speed):
-    first, those that another tied contender does not dominate (:func:`dominates`: where readings cannot
-    tell two configurations apart, the throughput model's structure can); of those, the ones whose peak
-    (the median of its readings) is within the memory noise of the smallest; of those, the fastest.
+    first, those that no tied contender recomputing less at the same batch outranks (:func:`outranks`:
+    where readings cannot tell two plans apart, the recompute's cost can); of those, the ones whose peak
+    (the median of its readings) is within the memory noise of the smallest; of those, the fastest. A
+    larger batch of a tied contender's own plan does not outrank it: a tie is a curve that has flattened,
+    and the smaller peak keeps the headroom (issue 43: the T5 script's batch 64 beat 48 at +2% and, verified
+    at 1.85 GiB, reached 1958 MiB within 60 steps, past its 1945.6 MiB limit; the ViT's 128 beat 96 at +0.7%
+    for ~300 MiB more).
 
     Measured on a busy machine (issue 25's bench): the smaller peak within the speed noise once chose a
     recompute plan 5% slower than ``none`` at the same batch size (a few MiB smaller by RSS: noise too);
@@ -444,7 +458,7 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
     close = [c for c in contenders if readings[c].mid >= bar]
-    undominated = [c for c in close if not any(dominates(o, c) for o in close)] or close
+    undominated = [c for c in close if not any(outranks(o, c) for o in close)] or close
     smallest = min(peaks[c] for c in undominated)
     lean = [c for c in undominated if peaks[c] <= smallest + memory_noise]
     return max(lean, key=lambda c: (readings[c].mid, -peaks[c]))

@@ -493,6 +493,7 @@ def trial_result(
         own_checkpointing=report.own_checkpointing if report else None,
         settled=report.settled if report else None,
         shifted=report.shifted if report else None,
+        slow_start=report.slow_start if report else None,
         startup_seconds=exit_info.first_step_seconds,
         measured_seconds=sum(report.step_seconds) if report and report.step_seconds else None,
     )

@@ -82,6 +82,7 @@ class TrialResult:
     own_checkpointing: str | None = None
     settled: str | None = None  # a settling verification: why it ended when it did (autotune.trials.settle)
     shifted: str | None = None  # its measurement stopped lengthening: the load changed as it ran
+    slow_start: str | None = None  # a slow start it measured past: its first steps became warm-up
     # where its wall time went: from the launch to the end of its first step (imports, building the model,
     # CUDA, the first step's compilation), and its measured steps together (issue 31: ~18 s vs 0.35 s)
     startup_seconds: float | None = None

@@ -153,6 +153,12 @@ def main() -> None:
     p.add_argument("--hang-at", type=int, default=2)
     p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
     p.add_argument(
+        "--slow-start",
+        default=None,
+        help="N=FACTOR: the first N steps (from 0) are slower: FACTOR times at step 0, (FACTOR + 1) / 2 times at "
+        "step N - 1, a slow start that settles",
+    )
+    p.add_argument(
         "--slow-from",
         default=None,
         help="STEP=FACTOR: from this step (from 0) on, each step takes FACTOR times longer: a load that arrives "
@@ -294,6 +300,10 @@ def main() -> None:
         spike = touched(args.spike_mib) if step == 1 else None
         arrived = args.slow_from is not None and step >= int(args.slow_from.split("=")[0])
         load = float(args.slow_from.split("=")[1]) if arrived else 1.0
+        if args.slow_start is not None:  # FACTOR times at step 0, falling to (FACTOR + 1) / 2 at step N - 1
+            count, _, factor = args.slow_start.partition("=")
+            if step < int(count):
+                load *= float(factor) - (float(factor) - 1) / 2 * step / max(int(count) - 1, 1)
         seconds = load * step_seconds * (1 + args.noise * abs(jitter.gauss(0, 1)))
         if args.busy_steps is not None:
             steps, _, factor = args.busy_steps.partition("=")
