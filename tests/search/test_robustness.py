@@ -231,13 +231,15 @@ def test_a_configuration_fits_by_the_majority_of_its_peaks() -> None:
     assert peak_verdict(peaks(490), (32, "none"), LIMIT) is None  # no reading of it
 
 
-def contender(plan: str, speeds: tuple[float, ...], mibs: tuple[float, ...]) -> list[TrialRecord]:
+def contender(
+    plan: str, speeds: tuple[float, ...], mibs: tuple[float, ...], batch: int = 384
+) -> list[TrialRecord]:
     return [
         TrialRecord(
             0,
             "COMPLETE",
             TrialKind.VERIFICATION,
-            384,
+            batch,
             plan,
             Outcome.COMPLETE,
             int(m * MiB),
@@ -261,10 +263,7 @@ def test_among_contenders_within_noise_a_smaller_peak_wins_only_beyond_the_memor
     configs = [(384, "none"), (384, "ResidualLayer:1/save=matmul")]
     assert choose([*none, *recompute], configs, 14 * MiB) == (384, "none")
     assert choose([*none, *recompute], configs[::-1], 14 * MiB) == (384, "none")
-    lean = [
-        dataclasses.replace(r, batch_size=512)
-        for r in contender("ResidualLayer:1/save=matmul", (1120, 1148, 1150), (560, 561, 562))
-    ]
+    lean = contender("ResidualLayer:1/save=matmul", (1120, 1148, 1150), (560, 561, 562), batch=512)
     assert choose([*none, *lean], [configs[0], (512, configs[1][1])], 14 * MiB) == (512, configs[1][1])
 
 
@@ -272,29 +271,15 @@ def test_a_busy_machine_s_noise_is_no_tie_that_a_smaller_peak_wins() -> None:
     """A loaded examples/gpt.py run of issue 25's bench: batch 4 read 105.5, 104.7, 98.6 and 106.8
     samples/s, batch 32 86.1, 114.1 and 122.3 (its interval ±15%): 4 counted as within 32's noise, and its
     smaller peak (393 against 859 MiB) won, at 0.77 of the optimum. A tie is within 2.5% at most."""
-    small = [
-        dataclasses.replace(r, batch_size=4)
-        for r in contender("none", (105.5, 104.7, 98.6, 106.8), (395, 393, 389, 393))
-    ]
-    large = [
-        dataclasses.replace(r, batch_size=32)
-        for r in contender("none", (86.1, 114.1, 122.3), (859, 868, 828))
-    ]
+    small = contender("none", (105.5, 104.7, 98.6, 106.8), (395, 393, 389, 393), batch=4)
+    large = contender("none", (86.1, 114.1, 122.3), (859, 868, 828), batch=32)
     assert choose([*small, *large], [(4, "none"), (32, "none")], 8 * MiB) == (32, "none")
     # Every reading under load (another run): 4, 32 and MLP:1@32 within 0.4% by their medians. Nothing
     # measured tells them apart; none@32 is at least as fast as both by the model's structure, and a busy
     # machine reads a larger batch slower than it runs (choose: no dominated contender under load).
-    small = [
-        dataclasses.replace(r, batch_size=4) for r in contender("none", (101.1, 86.5, 103.0), (391, 393, 393))
-    ]
-    large = [
-        dataclasses.replace(r, batch_size=32)
-        for r in contender("none", (101.1, 129.4, 83.8), (813, 829, 795))
-    ]
-    mlp = [
-        dataclasses.replace(r, batch_size=32)
-        for r in contender("MLP:1", (101.4, 106.0, 86.6), (841, 791, 815))
-    ]
+    small = contender("none", (101.1, 86.5, 103.0), (391, 393, 393), batch=4)
+    large = contender("none", (101.1, 129.4, 83.8), (813, 829, 795), batch=32)
+    mlp = contender("MLP:1", (101.4, 106.0, 86.6), (841, 791, 815), batch=32)
     quiet = dataclasses.replace(small[0], number=99, kind=TrialKind.MEASURED, load=Load(0.0, None, 1.0, 2))
     loaded = [
         dataclasses.replace(r, number=n, load=Load(0.5, None, 5.0, 2))
@@ -310,24 +295,12 @@ def test_a_tie_between_batches_of_one_plan_answers_the_smaller_peak() -> None:
     batches of one plan goes to the smaller peak: the curve has flattened, the headroom has not. Beyond the
     tie the faster wins; at one batch, a plan that recomputes more still loses a tie to one that recomputes
     less (its recompute costs what a short reading may not show)."""
-    b48 = [
-        dataclasses.replace(r, batch_size=48)
-        for r in contender("none", (100.0, 101.0, 99.5), (1700, 1702, 1701))
-    ]
-    b64 = [
-        dataclasses.replace(r, batch_size=64)
-        for r in contender("none", (102.0, 102.5, 101.5), (1850, 1852, 1851))
-    ]
+    b48 = contender("none", (100.0, 101.0, 99.5), (1700, 1702, 1701), batch=48)
+    b64 = contender("none", (102.0, 102.5, 101.5), (1850, 1852, 1851), batch=64)
     assert choose([*b48, *b64], [(48, "none"), (64, "none")], 8 * MiB) == (48, "none")
-    b64 = [
-        dataclasses.replace(r, batch_size=64)
-        for r in contender("none", (106.0, 105.5, 106.5), (1850, 1852, 1851))
-    ]
+    b64 = contender("none", (106.0, 105.5, 106.5), (1850, 1852, 1851), batch=64)
     assert choose([*b48, *b64], [(48, "none"), (64, "none")], 8 * MiB) == (64, "none")  # 5% faster: no tie
-    lean = [
-        dataclasses.replace(r, batch_size=48)
-        for r in contender("A:1", (99.8, 100.2, 99.9), (1500, 1502, 1501))
-    ]
+    lean = contender("A:1", (99.8, 100.2, 99.9), (1500, 1502, 1501), batch=48)
     assert choose([*b48, *lean], [(48, "none"), (48, "A:1")], 8 * MiB) == (48, "none")
 
 
