@@ -11,7 +11,7 @@ from autotune.core.protocol import read_settled
 from autotune.core.stats import median_interval
 from autotune.runtime.state import TrialState
 
-SETTLE_FACTOR = 1.5  # a first measured step this much slower than the median of the others is warm-up
+SETTLE_FACTOR = 1.5  # measured steps at the start this much slower than the steps after them are warm-up
 # A trial a burst took all but a step or two of measures on this long (at most measure_cap) for it to pass:
 # a neighbour's bursts on this 2-core machine lasted 1-6 s, and the search would otherwise measure the
 # configuration again (a warm configuration's warm-up and steps, ~2-5 s here, with another chance of a burst).
@@ -70,11 +70,11 @@ def measuring_on(trial: TrialState) -> bool:
 def speeding_up(rates: list[float], tight: float) -> bool:
     """Whether the measured steps are getting faster: the later half reads faster than the earlier half, by
     their medians, by more than ``tight``, and the steps rise in order (Kendall's S, over every pair of
-    steps, at least TREND of the pairs: steps noisy around one speed reach it one time in nine (14 of 120 orders) with five
-    steps, a slow start settling every time). A slow start that may not have ended (issue 43: a script that
-    checkpoints every other block itself took 0.40-0.67 s a step for its first ~7 steps at batch 12 and
-    0.21-0.23 s after; its five measured steps, all slow, were its reading, 21.3 samples/s where it runs at
-    52.9)."""
+    steps, at least TREND of the pairs: five steps noisy around one speed reach it in 14 of their 120
+    orders, a slow start settling in every one). A slow start that may not have ended (issue 43: a script
+    that checkpoints every other block itself took 0.40-0.67 s a step for its first ~7 steps at batch 12
+    and 0.21-0.23 s after; its five measured steps, all slow, were its reading, 21.3 samples/s where it
+    runs at 52.9)."""
     half = len(rates) // 2
     if half < 2 or statistics.median(rates[half:]) <= (1 + tight) * statistics.median(rates[:half]):
         return False

@@ -20,7 +20,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -115,11 +115,12 @@ def _tune_on(
     with (
         Heartbeat(job.store, worker),
         _helping(spec, name, helpers, env, reporter, nvml, key, cost),
-        _slots(job, cluster, spec, reporter, worker, cost),
+        _slots(job, cluster, spec, reporter, worker, cost, shield) as others_done,
     ):
         try:
             searching = time.monotonic()
             stopped = search.run()
+            others_done()  # --executor ray: every trial the run's other searches paid for is in the study
             verifying = time.monotonic()
             best = verify(search, spec.verify_settings)
             verified = time.monotonic()
@@ -187,15 +188,24 @@ def _executor(
 
 @contextlib.contextmanager
 def _slots(
-    job: ResolvedJob, cluster: RayCluster | None, spec: TuneSpec, reporter: Reporter, worker: str, cost: Cost
-) -> Iterator[None]:
+    job: ResolvedJob,
+    cluster: RayCluster | None,
+    spec: TuneSpec,
+    reporter: Reporter,
+    worker: str,
+    cost: Cost,
+    shield: InterruptShield,
+) -> Iterator[Callable[[], None]]:
     """Under ``--executor ray``, while the block runs: as many more searches of the study, in threads, as
     the cluster can place trials at once beside the block's own (at most ``--trials``). Each is a Search
-    like a worker's: its configurations leased, its trial lines said as a helper's. On leaving, they are
-    stopped and their running trials released."""
+    like a worker's: its configurations leased, its trial lines said as a helper's. The block is given a
+    function that waits until every one of them has ended its search: the block's own search may find the
+    run's --trials spent and nothing it can see running while another has paid for the last run and not yet
+    leased it; verifying then found the study empty and ended "no trial completed" while that trial ran
+    (CI's Ray recipe test, twice). On leaving, they are stopped and their running trials released."""
     count = min(cluster.slots(), spec.trials) - 1 if cluster is not None else 0
     if cluster is None or count < 1:
-        yield
+        yield lambda: None
         return
     stop = threading.Event()
     lock = threading.Lock()
@@ -216,8 +226,15 @@ def _slots(
     ]
     for thread in threads:
         thread.start()
+
+    def done() -> None:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+                shield.check()  # a Ctrl-C while they finish: at once
+
     try:
-        yield
+        yield done
     finally:
         stop.set()
         for thread in threads:
