@@ -41,8 +41,9 @@ def measuring_on(trial: TrialState) -> bool:
     ``measure_share`` of its start-up (to the end of its warm-up) and ``measure_cap`` seconds, and the load
     has not changed as it ran (``shifted``). A trial that took 18 s to start is worth more than 0.35 s of
     measured steps. While its steps are still getting faster (``speeding_up``: a slow start that has not
-    ended), the bound is what the trial has cost so far, its whole start-up, not a share of it: the slow
-    steps then become warm-up (:func:`unsettled`) and the reading is the steady ones'. A trial a burst took
+    ended) and its warm-up can still grow, outside a settling verification, the bound is what the trial has
+    cost so far, its whole start-up, not a share of it: the slow steps then become warm-up
+    (:func:`unsettled`) and the reading is the steady ones'. A trial a burst took
     all but a step or two of (``burst``) measures on for up to BURST_WAIT seconds of steps, whatever its
     start-up. Not in a multi-process job: each rank would decide alone, and one that stopped a step before
     another would leave it waiting in a collective."""
@@ -55,7 +56,7 @@ def measuring_on(trial: TrialState) -> bool:
         return True  # too few quiet steps to read a speed from: a little longer, for the burst to pass
     startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
     rates = quiet_rates(trial.step_samples, trial.step_seconds, trial.measured_pressure())
-    share = 1.0 if speeding_up(rates, trial.request.tight) else trial.request.measure_share
+    share = 1.0 if _slow_start_pending(trial, rates) else trial.request.measure_share
     if spent >= share * startup:
         return False
     speed = median_interval(rates)
@@ -65,6 +66,16 @@ def measuring_on(trial: TrialState) -> bool:
         trial.shifted = why
         return False
     return True
+
+
+def _slow_start_pending(trial: TrialState, rates: list[float]) -> bool:
+    """Whether measuring on may yet turn a slow start into warm-up: its steps are getting faster, its warm-up
+    can still grow (:func:`unsettled`), and it is no settling verification (which runs 15 steps and more:
+    a slow start is cut from those; past them its longer run is for its peak, not its speed)."""
+    cap = max(trial.request.warmup_max, trial.request.warmup_steps)
+    if trial.request.settle_steps or trial.warmup_steps >= cap:
+        return False
+    return speeding_up(rates, trial.request.tight)
 
 
 def speeding_up(rates: list[float], tight: float) -> bool:

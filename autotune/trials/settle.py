@@ -66,8 +66,10 @@ class Settle:
 
 def growth(by_step: Mapping[int, int], steps: int) -> tuple[int, int] | None:
     """How much the peak rose over the last SETTLE_WINDOW steps finished, and the peak now; None before the
-    trial has finished that many."""
-    if steps < SETTLE_WINDOW:
+    trial has finished that many, or while the meter took no sample in those steps (a sampler a busy machine
+    starved read no rise there: a peak growing 1 MiB a step "settled after 15 steps" beside three busy
+    neighbours)."""
+    if steps < SETTLE_WINDOW or not any(steps - SETTLE_WINDOW < s <= steps for s in by_step):
         return None
     peak_now = max((p for s, p in by_step.items() if s <= steps), default=0)
     peak_then = max((p for s, p in by_step.items() if s <= steps - SETTLE_WINDOW), default=0)

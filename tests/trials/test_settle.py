@@ -32,7 +32,10 @@ def peak(tmp_path: Path, settings: TrialSettings, *extra: str) -> tuple[int, str
 def test_a_verification_s_peak_holds_for_a_250_step_run_of_the_same_configuration(tmp_path: Path) -> None:
     verification = TrialSettings(warmup_steps=2, measured_steps=15, settle_steps=VERIFY_SETTLE_STEPS)
     settled, why, steps = peak(tmp_path, verification, "--grow-steps", "60")
-    fixed, _, _ = peak(tmp_path, TrialSettings(warmup_steps=2, measured_steps=15), "--grow-steps", "60")
+    exactly = TrialSettings(
+        warmup_steps=2, measured_steps=15, tight=0, warmup_max=2
+    )  # 17 steps, loaded or not
+    fixed, _, _ = peak(tmp_path, exactly, "--grow-steps", "60")
     long, _, _ = peak(tmp_path, TrialSettings(warmup_steps=2, measured_steps=248), "--grow-steps", "60")
     assert long - fixed > 35 * MiB  # a fixed-length verification stops at 17 of the 60 growing steps
     assert settled >= long - 2 * MiB  # the settled one holds for the long run
@@ -41,7 +44,9 @@ def test_a_verification_s_peak_holds_for_a_250_step_run_of_the_same_configuratio
 
 
 def test_a_peak_that_never_stops_growing_ends_at_the_cap(tmp_path: Path) -> None:
-    capped = TrialSettings(warmup_steps=2, measured_steps=5, settle_steps=30)
+    # tight=0: a fixed count of measured steps (a loaded CI worker's wide interval once measured on past the
+    # cap, to 88 steps: measuring on is tests/trials/test_tight_readings.py's)
+    capped = TrialSettings(warmup_steps=2, measured_steps=5, settle_steps=30, tight=0, warmup_max=2)
     _, why, steps = peak(tmp_path, capped)
     assert why == "step cap after 37 steps" and steps == 35
     timed = TrialSettings(warmup_steps=2, measured_steps=5, settle_steps=10_000, settle_seconds=1.0)
@@ -54,4 +59,6 @@ def test_growth_is_the_rise_of_the_running_peak_over_the_window() -> None:
     assert growth(by_step, SETTLE_WINDOW - 1) is None
     assert growth(by_step, 30) == (SETTLE_WINDOW * MiB, 130 * MiB)
     assert growth(by_step, 30 + SETTLE_WINDOW) == (0, 130 * MiB)
+    sparse = {s: p for s, p in by_step.items() if s <= 20}  # a starved sampler: no sample past step 20
+    assert growth(sparse, 30) is None and growth(sparse, 25) == (5 * MiB, 120 * MiB)
     assert tolerance(130 * MiB) == 2 * MiB and tolerance(4096 * MiB) == int(0.002 * 4096 * MiB)
