@@ -43,10 +43,10 @@ def measuring_on(trial: TrialState) -> bool:
     measured steps. While its steps are still getting faster (``speeding_up``: a slow start that has not
     ended) and its warm-up can still grow, outside a settling verification, the bound is what the trial has
     cost so far, its whole start-up, not a share of it: the slow steps then become warm-up
-    (:func:`unsettled`) and the reading is the steady ones'. A trial a burst took
-    all but a step or two of (``burst``) measures on for up to BURST_WAIT seconds of steps, whatever its
-    start-up. Not in a multi-process job: each rank would decide alone, and one that stopped a step before
-    another would leave it waiting in a collective."""
+    (:func:`unsettled`) and the reading is the steady ones'. A trial a burst took all but a step or two of
+    (``burst``) measures on for up to BURST_WAIT seconds of steps, whatever its start-up. Not in a
+    multi-process job: each rank would decide alone, and one that stopped a step before another would leave
+    it waiting in a collective."""
     if not trial.request.tight or trial.rank is not None or not trial.step_seconds:
         return False
     spent = sum(trial.step_seconds)
@@ -72,8 +72,7 @@ def _slow_start_pending(trial: TrialState, rates: list[float]) -> bool:
     """Whether measuring on may yet turn a slow start into warm-up: its steps are getting faster, its warm-up
     can still grow (:func:`unsettled`), and it is no settling verification (which runs 15 steps and more:
     a slow start is cut from those; past them its longer run is for its peak, not its speed)."""
-    cap = max(trial.request.warmup_max, trial.request.warmup_steps)
-    if trial.request.settle_steps or trial.warmup_steps >= cap:
+    if trial.request.settle_steps or not _warmup_room(trial):
         return False
     return speeding_up(rates, trial.request.tight)
 
@@ -117,22 +116,21 @@ def unsettled(trial: TrialState) -> bool:
     """Whether the measured steps start with steps still warming up (:func:`slow_prefix`): then they become
     warm-up (up to the cap) and as many more are measured. A prefix of two steps or more is a slow start the
     trial says it measured past (``slow_start``)."""
-    cap = max(trial.request.warmup_max, trial.request.warmup_steps)
     # Not in a multi-process job: each rank would decide alone, and a rank that stopped a step before
     # another would leave it waiting in a collective.
-    if trial.rank is not None or trial.warmup_steps >= cap:
+    if trial.rank is not None or not (room := _warmup_room(trial)):
         return False
-    k = slow_prefix(trial.step_seconds, cap - trial.warmup_steps)
+    k = slow_prefix(trial.step_seconds, room)
     if not k:
         return False
-    slowest, steady = max(trial.step_seconds[:k]), sorted(trial.step_seconds[k:])
+    slowest = max(trial.step_seconds[:k])
     trial.slowest_warmup = max(trial.slowest_warmup, slowest)
     trial.warmup_steps += k
     if trial.warmup_steps - trial.request.warmup_steps >= 2:
         trial.slow_start = (
             f"a slow start: its first {trial.warmup_steps} steps were warm-up ({trial.request.warmup_steps} "
             f"asked), up to {trial.slowest_warmup:.3g} s a step where the steady ones took "
-            f"{steady[(len(steady) - 1) // 2]:.3g} s"
+            f"{_lower_median(trial.step_seconds[k:]):.3g} s"
         )
     if len(trial.step_pressure) == len(trial.step_seconds):
         del trial.step_pressure[:k]
@@ -148,7 +146,16 @@ def slow_prefix(seconds: list[float], most: int) -> int:
     it; 0 where there is none. A first step that is an outlier is a prefix of one; a slow start of several
     steps (issue 43) is found once a few steady steps follow it, however many the slow ones are."""
     for k in range(min(most, len(seconds) - 2), 0, -1):
-        rest = sorted(seconds[k:])
-        if min(seconds[:k]) > SETTLE_FACTOR * rest[(len(rest) - 1) // 2]:  # the lower median
+        if min(seconds[:k]) > SETTLE_FACTOR * _lower_median(seconds[k:]):
             return k
     return 0
+
+
+def _warmup_room(trial: TrialState) -> int:
+    """The steps the trial's warm-up may still grow by (up to the request's ``warmup_max``; none in a sweep's
+    later segment, whose warm-up counts from the trial's first step)."""
+    return max(max(trial.request.warmup_max, trial.request.warmup_steps) - trial.warmup_steps, 0)
+
+
+def _lower_median(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2]
