@@ -574,6 +574,6 @@ def test_a_warm_reading_just_over_the_limit_is_read_again_in_a_process_of_its_ow
         (ProposedBy.FRESH, False, True),  # its own process: under it
     ]
     # a loaded machine may measure it again for its speed (a busy reading), never for its peak
-    assert all(r.proposed_by is ProposedBy.REMEASURE for r in ours[2:]), [r.proposed_by for r in ours]
+    assert all(r.proposed_by == ProposedBy.REMEASURE for r in ours[2:]), [r.proposed_by for r in ours]
     assert (data["batch_size"], data["plan"]) == (32, "none")
     assert data["peak_bytes"] <= limit
