@@ -403,6 +403,13 @@ def outranks(config: Configuration, other: Configuration) -> bool:
     return config[1] != other[1] and dominates(config, other)
 
 
+def side_by_side(records: list[TrialRecord], contenders: list[Configuration]) -> bool:
+    """Whether every one of several contenders was measured again by the verification (interleaved: a
+    round), so that readings, not only the model's structure, may order them."""
+    verified = {r.config for r in records if r.kind is TrialKind.VERIFICATION and r.throughput is not None}
+    return len(contenders) < 2 or all(c in verified for c in contenders)
+
+
 def _loaded(records: list[TrialRecord], configs: list[Configuration]) -> bool:
     """Whether a busy machine took any reading of ``configs`` (autotune.search.noise.disturbed)."""
     busy = noise.disturbed(records)
@@ -445,8 +452,13 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     Where a busy machine took the contenders' readings, none that another contender dominates is chosen,
     whatever the readings say: under contention a larger batch, or ``none`` beside a plan that recomputes,
     reads slower than it runs on the machine the answer is for (torch's threads wait on one another when a
-    core is taken from them), and readings taken side by side do not undo that."""
-    if _loaded(records, contenders):
+    core is taken from them), and readings taken side by side do not undo that. Nor where they were not
+    read side by side (:func:`side_by_side`: a run that could pay for no round): a leader's longer run in a
+    process of its own beside a rival's one search reading is no comparison, and nothing but the model's
+    structure orders them (issue 41: bench/time_to_answer.py's GPT-2 verified none@7 at 2.69 samples/s
+    against 3.01 in the search, the time limit left no round, and none@4's one reading, 2.85, tied the
+    two's median: none@4 was answered, 0.89x the peer's speed where none@7 ran 1.04x)."""
+    if _loaded(records, contenders) or not side_by_side(records, contenders):
         contenders = [c for c in contenders if not any(dominates(o, c) for o in contenders)]
     readings = _readings(records)
     peaks = {

@@ -189,6 +189,37 @@ def test_one_run_left_for_a_leader_and_its_rival_reads_the_one_chosen_from_the_r
     assert (data["batch_size"], data["plan"]) == (24, "none") and data["readings"] == 2
 
 
+def test_contenders_not_read_side_by_side_are_ordered_by_the_model_s_structure_not_by_mixed_readings() -> (
+    None
+):
+    """Issue 41's time-to-answer run: the search read none@1, none@4 (2.85), none@7 (3.01) and
+    GPT2Block:0.25@7 (2.85) in one warm process; none@7's verification, in a process of its own, read 2.69;
+    the time limit left no round to read them side by side, and none@4's one search reading won on the
+    leader's overruled search reading: answered at 0.89x the peer where none@7 ran 1.04x. Without a round,
+    a contender another dominates (a larger batch of its plan, less recompute at its batch) is out; read
+    side by side, the readings decide as before."""
+    from autotune.search.verify import choose, side_by_side
+
+    contenders = [(7, "none"), (4, "none"), (7, "GPT2Block:0.25")]
+    records = [
+        _reading(0, 1, "none", 2.16),
+        _reading(1, 4, "none", 2.85),
+        _reading(2, 7, "none", 3.01),
+        _reading(3, 7, "GPT2Block:0.25", 2.85),
+        _reading(4, 7, "none", 2.69, TrialKind.VERIFICATION),
+    ]
+    assert not side_by_side(records, contenders)
+    assert choose(records, contenders, 8 * 2**20) == (7, "none")
+    # a round that read none@4 faster beside none@7, and the recompute plan slower: none@4 is the answer
+    rounds = [
+        *records,
+        _reading(5, 4, "none", 2.90, TrialKind.VERIFICATION),
+        _reading(6, 7, "GPT2Block:0.25", 2.60, TrialKind.VERIFICATION),
+    ]
+    assert side_by_side(rounds, contenders)
+    assert choose(rounds, contenders, 8 * 2**20) == (4, "none")
+
+
 def test_verifications_that_disagree_among_themselves_overrule_no_search_reading() -> None:
     """CI's failure of the slowed-verification test: none@24 read 2252 in the search, then 934 (a burst)
     and 1950 (a busy moment) in its verifications. Pooled, those two span 934-1950 and contradicted the
@@ -274,10 +305,10 @@ def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side
     quiet = under(0.0, _reading(0, 1, "none", 20.0))
     loaded = [
         quiet,
-        under(0.6, _reading(1, 128, "none", 300.0)),
-        under(0.7, _reading(2, 384, "none", 200.0)),
-        under(0.6, _reading(3, 384, "R:0.5", 260.0)),
-    ]
+        under(0.6, _reading(1, 128, "none", 300.0, TrialKind.VERIFICATION)),
+        under(0.7, _reading(2, 384, "none", 200.0, TrialKind.VERIFICATION)),
+        under(0.6, _reading(3, 384, "R:0.5", 260.0, TrialKind.VERIFICATION)),
+    ]  # side by side: the verification's round
     assert choose(loaded, [(128, "none"), (384, "none")], 0.0) == (384, "none")
     assert choose(loaded, [(384, "R:0.5"), (384, "none")], 0.0) == (384, "none")
     calm = [under(0.0, r) for r in loaded]
