@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from autotune.backends import parse_backend_plan
+from autotune.core.protocol import Outcome
 from autotune.hardware.devices import Device
 from autotune.trials.interrupts import InterruptShield, StopRequested
 from autotune.trials.measurement import TrialJob, run_trial
@@ -106,15 +107,21 @@ class TrialRunner(TrialJob):
     ) -> TrialResult:
         """One trial at ``batch`` with ``plan`` (accumulating ``grad_accum`` micro-batches per step); a probe
         also checks ``check_plans`` against no plan; ``sweep``: more plans measured after ``plan`` in the
-        same process (autotune.search.sweep), their results in the result's ``sweep``; without a probe,
-        a check or a sweep, in the runner's warm process where the configuration suits one, unless
-        ``fresh`` asks for a process of its own (a warm reading just over the limit, read again)."""
+        same process (autotune.search.sweep), their results in the result's ``sweep``; without a sweep, in
+        the runner's warm process where the configuration suits one, unless ``fresh`` asks for a process of
+        its own (a warm reading just over the limit, read again). A probe (or a check) starts a warm process
+        (autotune.trials.warm); one the budget stopped there runs again in a process of its own, where
+        nothing stops it."""
         settings = settings or self.settings
         interruptible = interruptible or (self.shield.allow if self.shield is not None else None)
         if self._warm is not None:
-            if not (probe or check_plans or sweep or fresh) and self._warm.suits(plan, settings):
+            probing = probe or bool(check_plans)
+            if not (sweep or fresh) and self._warm.suits(plan, settings):
                 watch = Watch(poll, interruptible, self.stop)
-                return self._warm.run(batch, parse_backend_plan(plan, self.backend), grad_accum, watch)
+                parsed = parse_backend_plan(plan, self.backend)
+                result = self._warm.run(batch, parsed, grad_accum, watch, check_plans if probing else None)
+                if not (probing and result.outcome is Outcome.OVER_BUDGET):
+                    return result
             self._warm.close()  # a fresh process measures this one: the device to itself
         return run_trial(
             self.command,

@@ -288,6 +288,61 @@ def test_on_a_gpu_the_next_configuration_runs_under_the_allocator_cap(tmp_path: 
     ] == [0, 0]
 
 
+def test_the_probe_starts_the_warm_process_the_search_s_trials_run_in(tmp_path: Path) -> None:
+    """The probe is the warm process's first configuration and the search's trials run in the process it
+    started (one start-up fewer: 12-24 s on an H200); a probe the budget stops there runs again in a process
+    of its own, without the budget, as a probe always ran. On a FAKE NVML device (no GPU here), where a
+    configuration's reading starts from the device's use at rest, and on the CPU (real RSS), where it starts
+    from the process's resident memory at rest."""
+    fake = FakeNvml([FakeGpu("GPU-warm", usage_file=tmp_path / "usage")])
+    device = resolve_device("cuda:0", {}, lambda: fake)
+    words = [str(SCRIPTS / "fake_gpu_trial.py"), "--context-mib", "500", "--per-sample-mib", "10"]
+    environ = {**os.environ, "FAKE_GPU_USAGE_FILE": str(tmp_path / "usage")}
+
+    def gpu_runner(ceiling: int) -> TrialRunner:
+        return TrialRunner(
+            TrialCommand.parse(words), Backend.TORCH, device, make_meter(device, fake), SETTINGS, tmp_path,
+            environ, ceiling=ceiling, warm=True,
+        )  # fmt: skip
+
+    runner = gpu_runner(2 * 2**30)
+    try:
+        probe = runner(1, "none", probe=True)
+        after = [runner(batch, "none") for batch in (1, 4)]
+    finally:
+        runner.close()
+    assert [r.outcome for r in (probe, *after)] == [Outcome.COMPLETE] * 3
+    assert [r.warm_run for r in (probe, *after)] == [1, 2, 3]
+    assert len({r.log_dir for r in (probe, *after)}) == 1
+    requests = [TrialRequest.read(Path(probe.log_dir) / f"request-{k}.json") for k in (1, 2, 3)]
+    assert [r.probe for r in requests] == [True, False, False]
+    assert [r.peak_bytes for r in after] == [510 * MiB, 540 * MiB]  # read from the probe's rest like any
+
+    folders = set((tmp_path / "trials").iterdir())
+    tight = gpu_runner(505 * MiB)  # the probe's 510 MiB passes it: stopped warm, then run alone
+    try:
+        stopped = tight(1, "none", probe=True)
+    finally:
+        tight.close()
+    assert (stopped.outcome, stopped.warm_run, stopped.peak_bytes) == (Outcome.COMPLETE, None, 510 * MiB)
+    tried = sorted(set((tmp_path / "trials").iterdir()) - folders)
+    assert len(tried) == 2 and (tried[0] / "request-1.json").exists()  # the warm try, then its own process
+
+    synthetic = [str(SYNTHETIC), "--base-mib", "10", "--per-sample-mib", "8", "--step-seconds", "0.02"]
+    cpu = _runner(tmp_path, synthetic, [])
+    try:
+        probe, first, second = cpu(1, "none", probe=True), cpu(1, "none"), cpu(4, "none")
+    finally:
+        cpu.close()
+    assert [r.outcome for r in (probe, first, second)] == [Outcome.COMPLETE] * 3
+    assert [r.warm_run for r in (probe, first, second)] == [1, 2, 3]
+    alone = _alone(tmp_path, synthetic, 4, "none")  # its peak: within the warm readings' excess (2 MiB here)
+    assert abs((second.peak_bytes or 0) - (alone.peak_bytes or 0)) <= 2 * MiB, (
+        second.peak_bytes,
+        alone.peak_bytes,
+    )
+
+
 def test_an_out_of_memory_error_under_the_cap_is_over_the_budget() -> None:
     """The cap is the budget's: torch's error there says the configuration needs more than the budget."""
     assert capped("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == (
