@@ -29,7 +29,7 @@ from autotune.search.records import TrialKind, TrialRecord
 DEFAULT_SECONDS = 180.0  # the default limit's floor: the demo and the examples, on a busy 2-core machine
 DEFAULT_PROBES = 10  # ... or this many times what the probe took, whichever is longer
 VERIFY_RESERVE = 3  # trial runs the search leaves to the verification: the leader's, a round beside a rival
-VERIFY_FACTOR = 4  # a verification's measured steps to a search trial's: 3x the steps, then its peak settles
+VERIFY_FACTOR = 3  # a verification's measured steps to a search trial's: 2x the steps, then its peak settles
 SLACK = 1.25  # what a trial may take beyond its estimate (a busy machine's start-up, the records around it)
 SLACK_SECONDS = 1.0
 

@@ -23,6 +23,7 @@ from autotune.search.space import micro_batch_sizes, parse_batch_sizes, parse_pl
 from autotune.storage import BestRow
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
+from autotune.trials.settle import SETTLE_WINDOW
 
 EXECUTORS = ("local", "ray")
 VERIFY_SETTLE_STEPS = 250  # at most this many steps past a verification's measured ones (and settle_seconds)
@@ -149,11 +150,15 @@ class TuneSpec:
 
     @property
     def verify_settings(self) -> TrialSettings:
-        """A verification runs 3x the measured steps (at least 10), then on until its peak has stopped
-        growing, up to VERIFY_SETTLE_STEPS more (autotune.trials.settle)."""
+        """A verification runs twice the measured steps (at least SETTLE_WINDOW, the steps its peak must
+        hold still over), then on until its peak has stopped growing, up to VERIFY_SETTLE_STEPS more
+        (autotune.trials.settle). Twice, not three times (#41): its speed is pooled with the search's
+        readings, and a longer run buys little against the spread between runs (six quiet readings of
+        bench/time_to_answer.py's GPT-2 none@7 on the 2-core CPU: 4.8% sd between runs, ±1-3% within one),
+        while five more steps of that verification took 13 s of a 141 s answer."""
         return dataclasses.replace(
             self.settings,
-            measured_steps=max(3 * self.settings.measured_steps, 10),
+            measured_steps=max(2 * self.settings.measured_steps, SETTLE_WINDOW),
             settle_steps=VERIFY_SETTLE_STEPS,
         )
 

@@ -1,6 +1,6 @@
 """Verification: the winner is chosen on repeated, longer readings, never on one.
 
-The fastest fitting configuration (the *leader*) is re-run longer (3x the measured steps, at least 10). The
+The fastest fitting configuration (the *leader*) is re-run longer (twice the measured steps, at least 10). The
 configurations whose throughput interval overlaps the leader's are its *rivals* (at most two); so is the
 next best when the leader's verified reading falls below that configuration's interval (a busy machine
 once made a one-reading winner of a configuration that verified at half its speed). With rivals, every
