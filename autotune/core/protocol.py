@@ -176,6 +176,9 @@ class Rest:
     rss_bytes: int  # resident now (after the collection and malloc_trim)
     cuda_allocated: int | None = None  # torch's CUDA counters now (None: CUDA not in use)
     cuda_reserved: int | None = None
+    # the process's CPU seconds so far: its own and its reaped children's (a DataLoader's workers, joined as
+    # the script's objects went): what the tuner counts as the trial's, not a neighbour's (hardware.load)
+    cpu_seconds: float | None = None
 
     def write(self, path: Path) -> None:
         _write_json_atomic(path, asdict(self))

@@ -62,7 +62,7 @@ def serve(run: Callable[[list[str]], BaseException | None], argv: list[str], tri
         return_to_rest()
         resident = _resident_bytes()
         allocated, reserved = _cuda_now()
-        Rest(resident, allocated, reserved).write(warm_file(folder, "rest", served))
+        Rest(resident, allocated, reserved, _cpu_seconds()).write(warm_file(folder, "rest", served))
         message = _await(warm_file(folder, "next", served + 1))
         if not message.request:
             return code
@@ -167,6 +167,12 @@ def _resident_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU seconds and its reaped children's."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _cuda_now() -> tuple[int | None, int | None]:

@@ -60,15 +60,20 @@ def pressure(record: TrialRecord) -> float | None:
 
 
 def disturbed(records: Iterable[TrialRecord]) -> set[int]:
-    """The numbers of the trials whose CPU pressure was more than LOADED above the study's quietest, and of
-    those whose own steps read the load change as they ran (``shifted``: autotune.runtime.settling)."""
+    """The numbers of the trials whose CPU pressure was more than LOADED above the study's quietest while a
+    neighbour was at work (autotune.hardware.load.Load.neighbour: pressure the trial's own processes make,
+    a DataLoader's workers beside torch's threads, is no load: issue 43 found "7 of 10 trials ran while
+    the machine was busy (CPU pressure up to 12%)" on an idle machine), and of those whose own steps read
+    the load change as they ran (``shifted``: autotune.runtime.settling)."""
     records = list(records)
     shifted = {r.number for r in records if r.shifted}
-    known = [(r.number, p) for r in records if (p := pressure(r)) is not None]
+    known = [(r, p) for r in records if (p := pressure(r)) is not None]
     if not known:
         return shifted
     quiet = min(p for _, p in known)
-    return {number for number, p in known if p > quiet + LOADED} | shifted
+    return {
+        r.number for r, p in known if p > quiet + LOADED and (r.load is None or r.load.neighbour)
+    } | shifted
 
 
 def readings(records: Iterable[TrialRecord], config: Configuration) -> list[TrialRecord]:

@@ -84,7 +84,7 @@ from autotune.core.protocol import (
     warm_file,
 )
 from autotune.hardware.host import mib
-from autotune.hardware.load import Load, LoadSnapshot
+from autotune.hardware.load import LoadSnapshot
 from autotune.hardware.meters import HOST_METHODS, MemoryReading
 from autotune.trials.launcher import Launch, ProcessExit, Stage, TrialProcess, tail
 from autotune.trials.measurement import TrialJob, read_report, trial_launch, trial_request, trial_result
@@ -141,6 +141,7 @@ class WarmProcess:
         # torch's reserved bytes: the CUDA context, cuBLAS's workspace)
         self.outside: int | None = None
         self._progress = Path()
+        self.cpu_at_rest = 0.0  # the process's CPU seconds at its last rest (autotune.hardware.load)
 
     @property
     def alive(self) -> bool:
@@ -213,8 +214,7 @@ class WarmProcess:
         if timed_out == "untaken":
             self._end(None)
             raise Untaken(f"its process did not take configuration {run} within {TAKE_SECONDS:g}s")
-        load = before.until(LoadSnapshot.now())
-        return dataclasses.replace(self._result(request, run, timed_out, stage, since, load), warm_run=run)
+        return dataclasses.replace(self._result(request, run, timed_out, stage, since, before), warm_run=run)
 
     def close(self) -> None:
         """End the process: told to end, stopped if it does not within END_SECONDS."""
@@ -285,7 +285,13 @@ class WarmProcess:
         return read_position(self._progress)
 
     def _result(
-        self, request: TrialRequest, run: int, timed_out: str | None, stage: Stage, since: float, load: Load
+        self,
+        request: TrialRequest,
+        run: int,
+        timed_out: str | None,
+        stage: Stage,
+        since: float,
+        before: LoadSnapshot,
     ) -> TrialResult:
         """The configuration's result: from its report and its own samples while the process lives on;
         as a fresh trial's from how the process ended where it did not (its first configuration: the whole
@@ -293,8 +299,11 @@ class WarmProcess:
         assert self.process is not None and self.folder is not None
         job, folder = self.job, self.folder
         report = read_report(Path(request.report_path))
+        earlier = self.cpu_at_rest  # the process's CPU seconds before this configuration
         if timed_out is None and self.process.alive and report is not None:
             exit_info, reading = self._at_rest(report, stage, since, run)
+            # alive: the tuner's count of its reaped children misses this configuration's CPU
+            cpu = missed = self.cpu_at_rest - earlier
         else:
             ended = self._end(timed_out)
             if ended is None:
@@ -302,6 +311,11 @@ class WarmProcess:
             exit_info, reading = ended
             if run > 1:  # the process's own peak is its earlier configurations' too
                 reading = dataclasses.replace(reading, peak_bytes=0)
+            # reaped: the tuner's count holds the whole process, its earlier configurations too
+            cpu, missed = (exit_info.cpu_seconds or 0.0) - earlier, -earlier
+        load = before.until(LoadSnapshot.now(), missed)
+        if exit_info.wall_seconds > 0:
+            load = dataclasses.replace(load, cpu_per_wall=max(cpu, 0.0) / exit_info.wall_seconds)
         host_read = reading.peak_bytes if reading.method in HOST_METHODS else None
         outcome, error = classify(exit_info, report, job.settings, host_read)
         if outcome is Outcome.OOM and request.memory_cap and job.ceiling is not None:
@@ -323,7 +337,9 @@ class WarmProcess:
         method = meter.method
         exact = report.rss_peak or 0 if method in HOST_METHODS else 0
         reading = MemoryReading(exact, method, meter.samples, 1, by_step=by_step, by_phase=by_phase)
-        self._check_rest(Rest.read(warm_file(self.folder, "rest", run)), method)
+        rest = Rest.read(warm_file(self.folder, "rest", run))
+        self._check_rest(rest, method)
+        self.cpu_at_rest = rest.cpu_seconds if rest.cpu_seconds is not None else self.cpu_at_rest
         exit_info = ProcessExit(
             exit_code=_EXIT.get(report.outcome, EXIT_FAILED),
             signal=None,

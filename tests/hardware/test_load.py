@@ -3,6 +3,9 @@ formats: a busy machine is not something a test can order)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from autotune.core import pressure
 from autotune.hardware import load
 from autotune.hardware.load import Load, LoadSnapshot
@@ -38,3 +41,91 @@ def test_a_kernel_without_pressure_says_nothing_rather_than_quiet(tmp_path, monk
     seen = LoadSnapshot.now().until(LoadSnapshot.now())
     assert (seen.cpu_pressure, seen.steal) == (None, None)
     assert Load.from_dict(None) is None and Load.from_dict({"cpu_pressure": "x"}) is None
+
+
+def test_what_neither_the_trial_nor_the_tuner_used_is_a_neighbour_s(tmp_path, monkeypatch) -> None:
+    """Issue 43: CPU pressure a trial's own processes make (a DataLoader's workers beside torch's threads)
+    read as a busy machine on an idle one. A trial records what others used: the machine's busy CPU time
+    (user, nice, system, irq, softirq) less the tuner's and the trial's, per second of wall time."""
+    monkeypatch.setattr(load, "STAT_PATH", str(tmp_path / "stat"))
+    monkeypatch.setattr(load, "TICK_SECONDS", 0.01)
+    (tmp_path / "stat").write_text("cpu  100 0 50 800 7 5 5 0 0 0\n")  # busy: 160 ticks
+    before = dataclasses.replace(LoadSnapshot.now(), own_seconds=10.0)
+    before = dataclasses.replace(before, at=before.at - 2.0)  # 2 s ago
+    (tmp_path / "stat").write_text("cpu  350 10 80 900 7 10 15 0 0 0\n")  # busy: 465 ticks, 3.05 s more
+    later = dataclasses.replace(LoadSnapshot.now(), own_seconds=11.0)  # the tuner, and a reaped trial: 1 s
+    seen = before.until(later, trial_seconds=1.55)  # a warm process alive at the end: 1.55 s since its rest
+    assert abs((seen.others or 0) - 0.25) < 0.01 and seen.neighbour  # 0.5 CPU-s over 2 s: a neighbour
+    assert "others used 0.25 CPU-s per s" in str(seen)
+    assert Load.from_dict(seen.to_dict()) == seen
+    quiet = before.until(later, trial_seconds=1.95)  # 0.1 CPU-s over 2 s on 2 cores: the machine's own
+    assert abs((quiet.others or 0) - 0.05) < 0.01 and not quiet.neighbour
+    assert Load(0.12, None, 0.5, 2).neighbour  # unknown: as if one was there, the pressure alone judging
+
+
+def test_a_trial_s_own_busy_workers_are_its_cpu_time_in_a_process_of_its_own_and_warm(tmp_path) -> None:
+    """Real processes: a synthetic trial forks two workers that spin on the CPU while it trains (each
+    writing the CPU seconds it used). The CPU time counted as the trial's holds theirs, in a process of
+    its own (the tuner's reaped children) and in a warm process's later configurations (the process's own
+    count at rest): none of it can be read as a neighbour's."""
+    import glob
+    import os
+
+    from autotune.core.plans import Backend, parse_plan
+    from autotune.hardware.devices import cpu_device
+    from autotune.hardware.meters import RssMeter
+    from autotune.search.runner import TrialRunner
+    from autotune.trials.command import TrialCommand
+    from autotune.trials.measurement import run_trial
+    from autotune.trials.settings import TrialSettings
+
+    from conftest import SYNTHETIC
+
+    burn = str(tmp_path / "burn")
+    words = [str(SYNTHETIC), "--step-seconds", "0.1", "--burn-workers", "2", "--burn-file", burn]
+    settings = TrialSettings(1, 4, 120, 300, tight=0)
+
+    def burned() -> float:
+        files = glob.glob(burn + ".*")
+        total = sum(float(Path(f).read_text() or 0) for f in files)
+        for f in files:
+            os.remove(f)
+        return total
+
+    def counted(result) -> float:
+        assert result.load is not None and result.load.cpu_per_wall is not None, result.load
+        return result.load.cpu_per_wall * result.wall_seconds
+
+    environ = dict(os.environ)
+    alone = run_trial(
+        TrialCommand.parse(words),
+        1,
+        parse_plan("none"),
+        cpu_device(),
+        RssMeter(),
+        settings,
+        tmp_path,
+        environ,
+    )
+    used = burned()
+    assert used > 0.1 and counted(alone) >= used, (counted(alone), used)
+    runner = TrialRunner(
+        TrialCommand.parse(words),
+        Backend.TORCH,
+        cpu_device(),
+        RssMeter(),
+        settings,
+        tmp_path,
+        environ,
+        warm=True,
+    )
+    try:
+        for batch in (1, 2):
+            result = runner(batch, "none")
+            used = burned()
+            assert result.warm_run == batch and used > 0.1 and counted(result) >= used, (
+                counted(result),
+                used,
+            )
+    finally:
+        runner.close()

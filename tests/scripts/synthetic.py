@@ -98,6 +98,14 @@ def main() -> None:
     p.add_argument("--setsid-grandchild", action="store_true", help="fork a child that escapes the group")
     p.add_argument("--worker-mib", type=float, default=0, help="fork a worker that holds this much")
     p.add_argument("--forks", type=int, default=0, help="fork this many workers that share what it holds")
+    p.add_argument(
+        "--burn-workers",
+        type=int,
+        default=0,
+        help="fork this many workers that spin on a CPU while it trains (a DataLoader's, busy), each writing "
+        "its CPU seconds to --burn-file.<pid> as it goes; reaped as the run ends",
+    )
+    p.add_argument("--burn-file", default=None)
     p.add_argument("--pid-file", default=None, help="append the pids of this trial here")
     p.add_argument("--env-file", default=None, help="write the names in this trial's environment here")
     p.add_argument("--spike-mib", type=float, default=0, help="hold this much more during step 1 only")
@@ -259,6 +267,8 @@ def main() -> None:
         if os.fork() == 0:
             while True:
                 time.sleep(1)
+    for _ in range(args.burn_workers):
+        _BURNERS.append(burner(args.burn_file))
     step_seconds = args.step_seconds + batch * args.per_sample_seconds * (1 + overhead)
     step_seconds *= named_value(args.slow, batch, plan, reading, 1.0, verification)
     seed = None if args.seed is None else f"{args.seed}:{batch}:{plan}:{reading}"
@@ -316,6 +326,32 @@ def main() -> None:
     sys.stdout.write("finished all steps\n")
 
 
+_BURNERS: list[int] = []
+
+
+def burner(report: str | None) -> int:
+    """A child that spins on a CPU until killed, writing its CPU seconds to ``report``.<pid> every 50 ms."""
+    pid = os.fork()
+    if pid:
+        return pid
+    next_write = 0.0
+    while True:
+        now = time.monotonic()
+        if report and now >= next_write:
+            t = os.times()
+            with open(f"{report}.{os.getpid()}", "w") as f:
+                f.write(str(t.user + t.system))
+            next_write = now + 0.05
+
+
+def reap_burners() -> None:
+    """Stop the spinning workers and reap them (their CPU time joins this process's children's)."""
+    while _BURNERS:
+        pid = _BURNERS.pop()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def _never(seconds: float) -> None:
     threading.Event().wait()
 
@@ -324,5 +360,6 @@ if __name__ == "__main__":
     try:
         main()
     finally:
+        reap_burners()
         if "--deaf-after-run" in sys.argv:
             time.sleep = _never

@@ -375,3 +375,25 @@ def test_a_round_of_side_by_side_readings_decides_unless_it_was_disturbed_or_lef
         _decided([*quiet[:3], busy(quiet[3])], contenders, {2}) is not None
     )  # ... of an earlier round: decided
     assert _decided(apart[:1] + apart[2:3], contenders[:1], {2}) is not None  # one contender: a third reading
+
+
+def test_pressure_a_trial_s_own_processes_make_is_no_busy_machine() -> None:
+    """Issue 43 item 3: on an idle machine "7 of 10 trials ran while the machine was busy (CPU pressure up
+    to 12%)", a ViT with two DataLoader workers making that pressure itself. A reading is disturbed where
+    its pressure stands out and a neighbour was at work (others used more than 5% of the cores); where
+    nobody else used the CPU it is not, and where that is unknown the pressure alone judges, as before."""
+    import dataclasses
+
+    from autotune.hardware.load import Load
+    from autotune.search.noise import certainty, disturbed
+
+    def under(number: int, pressure: float, others: float | None):
+        return dataclasses.replace(
+            _reading(number, 4 * (number + 1), "none", 50.0), load=Load(pressure, None, 1.0, 2, others=others)
+        )
+
+    own = [under(0, 0.02, 0.01), under(1, 0.12, 0.01), under(2, 0.14, 0.02)]
+    assert disturbed(own) == set()
+    assert certainty(own, (4, "none")) is None
+    neighbour = [under(0, 0.02, 0.01), under(1, 0.12, 0.60), under(2, 0.14, None)]
+    assert disturbed(neighbour) == {1, 2}
