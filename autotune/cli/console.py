@@ -22,6 +22,7 @@ from autotune.core.budget import format_bytes
 from autotune.core.errors import first_line
 from autotune.core.text import visible
 from autotune.search.records import TrialRecord
+from autotune.trials.settle import SETTLE_WINDOW
 
 
 class ConsoleReporter:
@@ -73,6 +74,14 @@ class ConsoleReporter:
         if record.slow_start:  # its reading starts past a slow start
             self.console.print(
                 f"trial {record.number} measured past {record.slow_start}",
+                style="dim",
+                highlight=False,
+                markup=False,
+            )
+        if record.rising_bytes:  # a verification's peak had not settled: the limit must hold as much again
+            self.console.print(
+                f"trial {record.number}'s peak still rose {format_bytes(record.rising_bytes)} over its last "
+                f"{SETTLE_WINDOW} steps ({record.settled}): it fits only with room for as much again",
                 style="dim",
                 highlight=False,
                 markup=False,

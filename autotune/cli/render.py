@@ -25,6 +25,7 @@ from autotune.core.stats import Interval
 from autotune.results.listing import not_run_line
 from autotune.runtime.inputs import varied_lengths
 from autotune.search.records import TrialKind, TrialRecord, lengths_of, phase_peaks_of
+from autotune.trials.settle import SETTLE_WINDOW
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
     from autotune.results.best import BestAnswer
@@ -62,7 +63,8 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                     "peak",
                     f"{format_bytes(best.verified_peak_bytes)}, the largest of its trials, a longer one included "
                     f"(budget {format_bytes(result.budget_bytes)}, limit with headroom {format_bytes(result.limit_bytes)})"
-                    + _over_limit_text(result),
+                    + _over_limit_text(result)
+                    + _rising_text(result),
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),
                 *([("certainty", best.certainty)] if best.certainty else []),
@@ -102,6 +104,19 @@ def _over_limit_text(result: TuneResult) -> str:
         "all within the budget" if max(peaks) <= result.budget_bytes else "the largest over the budget too"
     )
     return f"; {over} of its {len(peaks)} readings passed the limit, {within}: the memory noise the headroom is for"
+
+
+def _rising_text(result: TuneResult) -> str:
+    """Where the answer's longest run ended with its peak still rising (autotune.trials.settle.still_rising):
+    by how much, and that the limit holds as much again: a longer job may need more."""
+    config = (result.best.batch_size, result.best.plan)
+    rises = [r.rising_bytes for r in result.records if (r.batch_size, r.plan) == config and r.rising_bytes]
+    if not rises:
+        return ""
+    return (
+        f"; still rising {format_bytes(max(rises))} over the last {SETTLE_WINDOW} steps of its longest run, "
+        "which the limit holds room for once more: a much longer job may need more"
+    )
 
 
 def _phases_text(phases: dict[str, int]) -> str:

@@ -111,6 +111,12 @@ def fits(outcome: Outcome | None, peak_bytes: int | None, limit_bytes: int) -> b
     return outcome is Outcome.COMPLETE and peak_bytes is not None and peak_bytes <= limit_bytes
 
 
+def with_rise(peak_bytes: int | None, rising_bytes: int | None) -> int | None:
+    """The peak a run must hold room for: its measured peak, and as much again as it still rose over its
+    last steps where its run ended before the peak settled (autotune.trials.settle.still_rising)."""
+    return peak_bytes + rising_bytes if peak_bytes is not None and rising_bytes else peak_bytes
+
+
 def check_headroom(headroom: float) -> float:
     """Raises InputError unless ``headroom`` is in [0, 1)."""
     if not 0 <= headroom < 1:

@@ -13,6 +13,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.trial import TrialState
 
+from autotune.core.budget import with_rise
 from autotune.core.protocol import Outcome
 from autotune.search.longest import MAX_SEQ_LEN_ATTR, at_longest
 from autotune.search.records import DamagedTrial, TrialRecord, constraint_mib
@@ -103,7 +104,11 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult, l
     value, state = None, TrialState.FAIL
     if result.outcome is Outcome.COMPLETE or result.outcome.out_of_memory:
         constraint = constraint_attrs(
-            constraint_mib(result.peak_bytes, limit, result.outcome is Outcome.COMPLETE)
+            constraint_mib(
+                with_rise(result.peak_bytes, result.rising_bytes) or 0,
+                limit,
+                result.outcome is Outcome.COMPLETE,
+            )
         )
         value, state = result.samples_per_sec or 0.0, TrialState.COMPLETE
     try:
@@ -186,6 +191,7 @@ def _measurement(result: TrialResult) -> dict[str, object]:
         **({"phase_seconds": result.phase_seconds} if result.phase_seconds else {}),
         **({"own_checkpointing": result.own_checkpointing} if result.own_checkpointing else {}),
         **({"settled": result.settled} if result.settled else {}),
+        **({"rising_bytes": result.rising_bytes} if result.rising_bytes else {}),
         **({"shifted": result.shifted} if result.shifted else {}),
         **({"slow_start": result.slow_start} if result.slow_start else {}),
         "startup_seconds": result.startup_seconds,

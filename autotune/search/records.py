@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autotune.core.budget import fits, peak_phase
+from autotune.core.budget import fits, peak_phase, with_rise
 from autotune.core.enums import TextEnum
 from autotune.core.errors import first_line
 from autotune.core.protocol import Outcome, RankResult
@@ -109,6 +109,7 @@ class TrialRecord:
     phase_peaks: dict[str, int] | None = None
     own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
     settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
+    rising_bytes: int | None = None  # ... its peak's rise over its last steps, where it had not settled
     shifted: str | None = None  # its measurement stopped lengthening: the load changed as it ran
     slow_start: str | None = None  # a slow start it measured past: its first steps became warm-up
     startup_seconds: float | None = None  # from its launch to the end of its first step
@@ -186,7 +187,7 @@ class TrialRecord:
         return measured and self.peak_bytes is not None
 
     def fits(self, limit: int) -> bool:
-        return fits(self.outcome, self.peak_bytes, limit)
+        return fits(self.outcome, with_rise(self.peak_bytes, self.rising_bytes), limit)
 
     def outcome_text(self, limit: int | None) -> str:
         """How it ended, in a word or two: ``fits`` / ``over limit`` for a complete trial against ``limit``
@@ -239,6 +240,7 @@ _ATTRS = (
     "phase_peaks",
     "own_checkpointing",
     "settled",
+    "rising_bytes",
     "shifted",
     "slow_start",
     "startup_seconds",

@@ -29,7 +29,7 @@ import math
 import statistics
 import time
 
-from autotune.core.budget import format_bytes
+from autotune.core.budget import format_bytes, with_rise
 from autotune.core.errors import DamagedData, NoFitError, StorageFault, TrialLost
 from autotune.core.stats import Interval
 from autotune.search import noise
@@ -517,8 +517,10 @@ def _failed(search: Search, lease: Lease, config: Configuration) -> None:
         if (r.batch_size, r.plan) == config and r.kind in READINGS and r.measured
     ]
     over = [r for r in peaks if not r.fits(search.limit)]
-    largest = max((r.peak_bytes or 0 for r in over), default=0)
+    largest = max((with_rise(r.peak_bytes, r.rising_bytes) or 0 for r in over), default=0)
     why = f"{len(over)} of its {len(peaks)} peaks over the limit, up to {format_bytes(largest)}"
+    if rising := [r for r in over if r.rising_bytes]:
+        why += f" with room for {format_bytes(max(r.rising_bytes or 0 for r in rising))} more: still rising"
     search.store.end_lease(lease.id, LeaseState.FAILED, f"verification: {why}")
     search.reporter.note(
         f"{_name(config)} failed verification ({why}): the search goes on from its peaks "

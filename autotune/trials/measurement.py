@@ -45,7 +45,7 @@ from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
 from autotune.trials.result import TrialResult, classify, steps_load, throughput, token_throughput
 from autotune.trials.settings import TrialSettings
-from autotune.trials.settle import Settle
+from autotune.trials.settle import Settle, still_rising
 from autotune.trials.workload import workload_of
 
 
@@ -492,6 +492,7 @@ def trial_result(
         phase_seconds=report.phase_seconds if report else None,
         own_checkpointing=report.own_checkpointing if report else None,
         settled=report.settled if report else None,
+        rising_bytes=still_rising(reading.by_step, report.steps_done, report.settled) if report else None,
         shifted=report.shifted if report else None,
         slow_start=report.slow_start if report else None,
         startup_seconds=exit_info.first_step_seconds,

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.backends.probe_report import ModuleCandidate, ProbeReport
-from autotune.core.budget import fits, peak_phase
+from autotune.core.budget import fits, peak_phase, with_rise
 from autotune.core.pressure import quiet_rates, set_aside
 from autotune.core.protocol import Outcome, RankResult, Segment, TrialReport
 from autotune.core.stats import Interval, median_interval
@@ -81,6 +81,9 @@ class TrialResult:
     # plan none keeps it
     own_checkpointing: str | None = None
     settled: str | None = None  # a settling verification: why it ended when it did (autotune.trials.settle)
+    # ... and, where it ended with its peak still rising, how much it rose over its last steps: the limit
+    # must hold as much again (autotune.trials.settle.still_rising)
+    rising_bytes: int | None = None
     shifted: str | None = None  # its measurement stopped lengthening: the load changed as it ran
     slow_start: str | None = None  # a slow start it measured past: its first steps became warm-up
     # where its wall time went: from the launch to the end of its first step (imports, building the model,
@@ -112,8 +115,9 @@ class TrialResult:
         return Interval.stored(self.samples_per_sec, self.samples_per_sec_low, self.samples_per_sec_high)
 
     def fits(self, limit_bytes: int) -> bool:
-        """Completed, and its measured peak is within ``limit_bytes``."""
-        return fits(self.outcome, self.peak_bytes, limit_bytes)
+        """Completed, and its measured peak is within ``limit_bytes``, with room for as much again as a
+        still rising peak rose over its last steps."""
+        return fits(self.outcome, with_rise(self.peak_bytes, self.rising_bytes), limit_bytes)
 
     @property
     def fits_budget(self) -> bool | None:

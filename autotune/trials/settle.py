@@ -76,5 +76,17 @@ def growth(by_step: Mapping[int, int], steps: int) -> tuple[int, int] | None:
     return peak_now - peak_then, peak_now
 
 
+def still_rising(by_step: Mapping[int, int], steps: int, settled: str | None) -> int | None:
+    """How much the peak of a verification that ended unsettled (``settled``: a cap or the script's end, not
+    "settled") rose over its last SETTLE_WINDOW steps, where that is more than the meter's noise (None
+    otherwise, or where the meter cannot say). Its answer must leave room for as much again below the limit
+    (autotune.search.records.TrialRecord.fits): a peak still creeping when the cap ended the run has not
+    shown that it holds (#43)."""
+    if settled is None or settled.startswith("settled"):
+        return None
+    rise = growth(by_step, steps)
+    return rise[0] if rise is not None and rise[0] > tolerance(rise[1]) else None
+
+
 def tolerance(peak: int) -> int:
     return max(SETTLE_TOLERANCE_BYTES, int(SETTLE_TOLERANCE_SHARE * peak))

@@ -5,14 +5,23 @@ steps; T5 727.65 / 729.64 / 753.18 MiB after 5 / 15 / 100 steps)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import optuna
+import pytest
+from click.testing import CliRunner
+from optuna.distributions import CategoricalDistribution
+
 from autotune import api
+from autotune.cli import cli
 from autotune.core.protocol import Outcome
+from autotune.search.optuna_trials import CONSTRAINTS_ATTR, tell_result
+from autotune.search.records import TrialRecord, peak_verdict
 from autotune.search.spec import VERIFY_SETTLE_STEPS
 from autotune.trials.measurement import measure_spec
 from autotune.trials.settings import TrialSettings
-from autotune.trials.settle import SETTLE_WINDOW, growth, tolerance
+from autotune.trials.settle import SETTLE_WINDOW, growth, still_rising, tolerance
 
 from conftest import DETERMINISTIC_CPU_ALLOCATOR, SYNTHETIC
 
@@ -62,3 +71,60 @@ def test_growth_is_the_rise_of_the_running_peak_over_the_window() -> None:
     sparse = {s: p for s, p in by_step.items() if s <= 20}  # a starved sampler: no sample past step 20
     assert growth(sparse, 30) is None and growth(sparse, 25) == (5 * MiB, 120 * MiB)
     assert tolerance(130 * MiB) == 2 * MiB and tolerance(4096 * MiB) == int(0.002 * 4096 * MiB)
+
+
+def test_a_verification_whose_peak_still_rose_at_its_cap_fits_only_with_room_for_as_much_again(
+    tmp_path: Path,
+) -> None:
+    """#43 item 2: an answer's peak must hold over the verification's settled run. Memory growing 1 MiB a
+    step forever: the time cap ends the run with the peak still rising ~10 MiB over its last 10 steps, and
+    at a limit between the peak and the peak plus that rise the verification does not fit, here and as the
+    study stores it (its constraint and its record), so the search takes it for over the limit."""
+    spec = measure_spec(
+        [str(SYNTHETIC), *GROWING], 4, device="cpu", cache_dir=tmp_path,
+        settings=TrialSettings(warmup_steps=2, measured_steps=5, settle_steps=10_000, settle_seconds=1.0),
+    )  # fmt: skip
+    result = api.measure(spec, environ=DETERMINISTIC_CPU_ALLOCATOR)
+    assert result.outcome is Outcome.COMPLETE, result.error
+    assert result.settled is not None and result.settled.startswith("time cap after ")
+    assert result.rising_bytes is not None and 8 * MiB <= result.rising_bytes <= 12 * MiB
+    between = result.peak_bytes + result.rising_bytes // 2
+    assert result.fits(result.peak_bytes + result.rising_bytes) and not result.fits(between)
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'studies.db'}", direction="maximize")
+    trial = study.ask(
+        {"batch_size": CategoricalDistribution((4,)), "plan": CategoricalDistribution(("none",))}
+    )
+    tell_result(study, trial, result, limit=between)
+    stored = study.trials[0]
+    record = TrialRecord.from_frozen(stored)
+    assert record.rising_bytes == result.rising_bytes and record.peak_bytes == result.peak_bytes
+    assert not record.fits(between) and peak_verdict([record], (4, "none"), between) is False
+    assert stored.system_attrs[CONSTRAINTS_ATTR] == [pytest.approx((result.rising_bytes // 2) / MiB)]
+
+
+def test_a_settled_verification_has_no_rise_to_make_room_for() -> None:
+    assert still_rising({s: (100 + s) * MiB for s in range(40)}, 39, "settled after 39 steps") is None
+    assert still_rising({s: (100 + s) * MiB for s in range(40)}, 39, "time cap after 39 steps") == 10 * MiB
+    flat = {s: 100 * MiB + s * 4096 for s in range(40)}  # a page a step: the meter's noise
+    assert still_rising(flat, 39, "step cap after 39 steps") is None
+    assert still_rising({1: 100 * MiB}, 5, "the script's end after 5 steps") is None  # too short to say
+
+
+def test_a_run_whose_answer_was_still_rising_says_so(tmp_path: Path) -> None:
+    """Memory growing 0.5 MiB a step forever: the verification ends at its step cap still rising, and the run
+    says so where the trial ends and beside the answer's peak."""
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run", "--budget", "600MiB", "--trials", "6", "--cache-dir", str(tmp_path), "--plans", "none",
+            "--batch-sizes", "1-64", "--steps", "3", "--warmup-steps", "1", "--device", "cpu", str(SYNTHETIC),
+            "--", "--base-mib", "20", "--per-sample-mib", "4", "--step-seconds", "0.02", "--grow-mib", "0.5",
+        ],
+        env={"COLUMNS": "300"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert re.search(
+        r"trial \d+'s peak still rose [\d.]+ MiB over its last 10 steps \(step cap after", result.output
+    )
+    assert re.search(r"; still rising [\d.]+ MiB over the last 10 steps of its longest run", result.output)
