@@ -10,7 +10,9 @@ can take:
 - Ctrl-C, or a worker that is stopping: the lease is released (queued again, same attempt);
 - its worker died, it timed out, or it could not be started (reasons outside the script): it is retried
   once, by whichever run or worker comes next;
-- the script failed: the failure is stored, and later runs say so and that ``--force`` runs it again.
+- the script failed: the failure is stored with the interpreter the command ran in, and later runs say so
+  and that ``--force`` runs it again; a run whose command now runs another interpreter (an environment
+  activated since) probes again instead (issue 44).
 
 Plans named with ``--plans`` that the stored probe did not check against no plan are checked by one more
 instrumented trial (``check_named_plans``), their checks stored with the workload.
@@ -36,6 +38,7 @@ from autotune.search.reporting import Reporter
 from autotune.search.runner import Runner
 from autotune.search.spec import TuneSpec
 from autotune.storage import Lease, LeaseKind, LeaseState, Store
+from autotune.trials.command import same_interpreter
 from autotune.trials.interrupts import StopRequested
 from autotune.trials.result import TrialResult, misconfigured
 from autotune.trials.workload import Workload
@@ -45,13 +48,28 @@ SAY_EVERY_SECONDS = 30.0  # a wait is announced at once, then again this often
 SCRIPT_FAILURE = "script: "  # how a probe lease's note marks the script's own failure
 BATCH_IGNORED = "BatchIgnored: "  # the runtime's error for a script that ignores the batch size
 RERUN = "autotune run --force runs it again"
+RAN_IN = " [python: "  # a stored script failure's interpreter, at the end of its note: `... [python: /usr/bin/python3]`
+
+
+def _interpreter_note(note: str) -> tuple[str, str | None]:
+    """A stored failure's note without its interpreter, and the interpreter (None: not stored)."""
+    head, found, tail = note.rpartition(RAN_IN)
+    return (head, tail[:-1]) if found and tail.endswith("]") else (note, None)
 
 
 def discover(
-    store: Store, workload: Workload, spec: TuneSpec, runner: Runner, reporter: Reporter, worker: str
+    store: Store,
+    workload: Workload,
+    spec: TuneSpec,
+    runner: Runner,
+    reporter: Reporter,
+    worker: str,
+    python: str | None = None,
 ) -> tuple[ProbeReport | None, int]:
     """The workload's probe report (None if the script probed nothing) and how many trials it took here:
     measured once per fingerprint (again with ``spec.force``), or waited for while another worker runs it.
+    ``python``: the interpreter the command runs in here (autotune.trials.interpreter.interpreter_of): a
+    failure stored from another one is not this run's answer.
 
     Raises:
         ScriptError: the probe's script failed (now, or in a run whose failure is stored), or the probe
@@ -73,8 +91,8 @@ def discover(
             key, LeaseKind.PROBE, spec.batch_sizes[0], "none", 0, worker, str(runner.device)
         )
         if lease is not None:
-            return _probe(store, workload, lease, spec.batch_sizes[0], runner, reporter), 1
-        running = _after_the_prober(store, key, watch, worker)
+            return _probe(store, workload, lease, spec.batch_sizes[0], runner, reporter, python), 1
+        running = _after_the_prober(store, key, watch, worker, python)
         if running is not None:
             waiting.say(running)
         _pause(runner)
@@ -87,7 +105,9 @@ def _discovery(store: Store, workload: Workload) -> dict[str, Any] | None:
     return row.discovery if row is not None else None
 
 
-def _after_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) -> Lease | None:
+def _after_the_prober(
+    store: Store, key: str, watch: LeaseWatch, worker: str, python: str | None
+) -> Lease | None:
     """The lease of the probe that another worker is running (None if none is): its death queues the probe
     once more; a probe that ended without a result and is not queued again is retried once, or its stored
     failure raised."""
@@ -95,7 +115,7 @@ def _after_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) ->
     for other in leases:
         why = watch.dead(other) if other.state is LeaseState.RUNNING and other.worker != worker else None
         if why is not None and store.fail_if_silent(other.id, other.beats, why):
-            _retry_or_raise(store, key, other, why)
+            _retry_or_raise(store, key, other, why, python)
             return None
     if any(x.state is LeaseState.QUEUED for x in leases):
         return None  # the next round takes it
@@ -104,19 +124,28 @@ def _after_the_prober(store: Store, key: str, watch: LeaseWatch, worker: str) ->
         return running[0]
     last = max(leases, key=lambda x: x.attempt, default=None)
     if last is not None and last.state is LeaseState.FAILED:
-        _retry_or_raise(store, key, last, last.note or "it failed")
+        _retry_or_raise(store, key, last, last.note or "it failed", python)
     elif last is not None and last.state is LeaseState.DONE:  # done, yet no result: the row was lost
-        _retry_or_raise(store, key, last, "its stored result is missing")
+        _retry_or_raise(store, key, last, "its stored result is missing", python)
     return None
 
 
-def _retry_or_raise(store: Store, key: str, lease: Lease, why: str) -> None:
-    """Queue the failed probe's one retry; raise if the script itself failed, or the retry did too."""
+def _retry_or_raise(store: Store, key: str, lease: Lease, why: str, python: str | None) -> None:
+    """Queue the failed probe's one retry; raise if the script itself failed in this interpreter, or the
+    retry did too. A script's failure in another interpreter than ``python`` is probed again."""
+    why, ran_in = _interpreter_note(why)
+    if why.startswith(SCRIPT_FAILURE) and ran_in and python and not same_interpreter(ran_in, python):
+        store.queue(
+            key, LeaseKind.PROBE, lease.batch_size, lease.plan, lease.attempt + 1,
+            f"again: it failed in {ran_in}, the command's python is now {python}",
+        )  # fmt: skip
+        return
     if why.startswith(SCRIPT_FAILURE + BATCH_IGNORED):  # a script that ignores the batch size: as it was said
         raise InputError(why[len(SCRIPT_FAILURE + BATCH_IGNORED) :])
     if why.startswith(SCRIPT_FAILURE):
+        where = f", with {ran_in}" if ran_in else ""
         raise ScriptError(
-            f"the script's first trial failed (stored from an earlier run, on worker {lease.worker}): "
+            f"the script's first trial failed (stored from an earlier run, on worker {lease.worker}{where}): "
             f"{why[len(SCRIPT_FAILURE) :]}; {RERUN}"
         )
     if lease.attempt > 0:
@@ -153,7 +182,13 @@ def _pause(runner: Runner) -> None:
 
 
 def _probe(
-    store: Store, workload: Workload, lease: Lease, batch: int, runner: Runner, reporter: Reporter
+    store: Store,
+    workload: Workload,
+    lease: Lease,
+    batch: int,
+    runner: Runner,
+    reporter: Reporter,
+    python: str | None,
 ) -> ProbeReport | None:
     """Run the probe ``lease`` stands for, at ``batch``: the smallest of this job's own (signed) batch sizes,
     never the lease's, which any writer of the database can set (and another job's spec may have queued)."""
@@ -169,7 +204,7 @@ def _probe(
         )
         raise
     if result.outcome in (Outcome.FAILED, Outcome.TIMEOUT):
-        _store_failure(store, lease, result)
+        _store_failure(store, lease, result, python)
     discovery = {
         "probe": result.probe.to_json() if result.probe is not None else None,
         "outcome": result.outcome.value,
@@ -185,13 +220,14 @@ def _probe(
     return result.probe
 
 
-def _store_failure(store: Store, lease: Lease, result: TrialResult) -> None:
-    """End the lease of a probe that failed (the script: stored; a timeout: retried once) and raise:
-    InputError for a script that ignores the batch size, else ScriptError."""
+def _store_failure(store: Store, lease: Lease, result: TrialResult, python: str | None) -> None:
+    """End the lease of a probe that failed (the script: stored, with the interpreter it ran in; a timeout:
+    retried once) and raise: InputError for a script that ignores the batch size, else ScriptError."""
     error = (result.error or "").strip().splitlines()
     first = error[0] if error else result.outcome.value
     script = result.outcome is Outcome.FAILED
-    store.end_lease(lease.id, LeaseState.FAILED, (SCRIPT_FAILURE if script else "timeout: ") + first)
+    ran_in = f"{RAN_IN}{python}]" if script and python else ""
+    store.end_lease(lease.id, LeaseState.FAILED, (SCRIPT_FAILURE if script else "timeout: ") + first + ran_in)
     if (why := misconfigured(result)) is not None:
         raise InputError(why)
     retry = "" if script or lease.attempt > 0 else "; the next run retries it once"

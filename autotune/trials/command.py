@@ -242,7 +242,23 @@ def _runs_our_python(program: str) -> bool:
 
 def _same_interpreter(program: str) -> bool:
     found = shutil.which(program)
-    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+    return found is not None and same_interpreter(found, sys.executable)
+
+
+def same_interpreter(a: str, b: str) -> bool:
+    """Whether two interpreter paths are one environment: the same program in the same folder. (A virtual
+    environment's ``python`` is a link to the system's: the same file, another environment.)"""
+    return os.path.realpath(a) == os.path.realpath(b) and os.path.dirname(
+        os.path.abspath(a)
+    ) == os.path.dirname(os.path.abspath(b))
+
+
+def python_program(command: TrialCommand) -> str | None:
+    """The Python interpreter a template runs directly (its first word, ``python3.11`` or a path to one),
+    else None (a launcher, a shell script, another program)."""
+    if not command.is_template or command.runs_launcher_module:
+        return None
+    return command.words[0] if _PYTHON.fullmatch(os.path.basename(command.words[0])) else None
 
 
 _NAMED = re.compile(r"\{([A-Za-z_]\w*)\}")  # {name}: a placeholder (JSON such as {"a": 1} is not one)
