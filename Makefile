@@ -2,13 +2,14 @@
 #   make demo   tune the example transformer under a 1 GiB budget on the CPU, answer, and draw it (demo-report.html)
 #   make test   run the test suite
 #   make test-compat   the model-compatibility suite (Hugging Face, torchvision, Lightning models; CI's phase)
+#   make docs   build the documentation site (docs/, mkdocs.yml) into build/site
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv demo test test-scale test-ranks ray-extra test-ray test-compat lint clean postgres-server browser
+.PHONY: venv demo test test-scale test-ranks ray-extra test-ray test-compat lint docs clean postgres-server browser
 
 # The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
 # torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
@@ -39,6 +40,7 @@ demo: $(STAMP)
 postgres-server:
 	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's postgresql package with apt-get (the storage tests start their own server on loopback; without it they are skipped)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	else echo "no PostgreSQL server binaries: the PostgreSQL tests will be skipped (apt-get install postgresql)"; fi
 
@@ -47,6 +49,7 @@ postgres-server:
 browser:
 	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium package with apt-get (the report's browser test opens its HTML; without it that test is skipped)"; \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "could not install Chromium: the report's browser test will be skipped"; \
 	else echo "no Chromium: the report's browser test will be skipped (apt-get install chromium)"; fi
@@ -93,6 +96,12 @@ test-scale: $(STAMP) postgres-server
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 # ruff (lint and format) and mypy over the package (storage/ included, as autotune/storage).
+# The documentation site (mkdocs.yml) into build/site: --strict, so a broken link or anchor fails. The
+# commands and code in the pages are checked by the core suite (tests/test_docs.py).
+docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[docs]'
+	$(BIN)/mkdocs build --strict --quiet
+
 lint: $(STAMP)
 	$(BIN)/ruff check autotune storage tests examples bench
 	$(BIN)/ruff format --check autotune storage tests examples bench

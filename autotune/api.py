@@ -315,10 +315,20 @@ def work(
         return worker.run()
 
 
-def doctor(ray_address: str | None = None, backend: str = "torch") -> list[Check]:
+def doctor(
+    ray_address: str | None = None,
+    backend: str = "torch",
+    on_check: Callable[[Check], None] | None = None,
+) -> list[Check]:
     """What works on this machine (torch, NVML, storage drivers, the Ray cluster, backends), each with what to
     do if not (``ray_address``: the Ray cluster to look at; None: RAY_ADDRESS, else one running here;
-    ``backend="ort"``: ORTModule trains a step, else ORT is only looked up)."""
+    ``backend="ort"``: ORTModule trains a step, else ORT is only looked up). ``on_check`` is called with each
+    check as soon as it is done (the CLI prints it then)."""
     from autotune.hardware.doctor import checks
 
-    return checks(ray_address, ort=backend == "ort")
+    found = []
+    for check in checks(ray_address, ort=backend == "ort"):
+        found.append(check)
+        if on_check is not None:
+            on_check(check)
+    return found

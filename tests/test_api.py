@@ -134,7 +134,10 @@ def test_probe_reports_the_repeated_modules(tmp_path: Path) -> None:
 
 
 def test_doctor_says_whether_torch_works_here() -> None:
-    found = {check.name: check for check in autotune.doctor()}
+    seen: list[str] = []
+    listed = autotune.doctor(on_check=lambda c: seen.append(c.name))  # the CLI prints each line then
+    assert seen == [c.name for c in listed]
+    found = {check.name: check for check in listed}
     assert found["torch"].ok and found["torch"].required
     assert found["SQLite (default storage)"].ok
 

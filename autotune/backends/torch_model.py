@@ -17,6 +17,7 @@ them all, and their candidates are counted together. It is never called: the scr
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Any
 
 import torch
@@ -60,11 +61,16 @@ def find_model(first: nn.Module) -> nn.Module | None:
     gc.collect()  # trees the script dropped (a model built to count its parameters) are not the model
     modules: list[nn.Module] = []
     optimizers: list[torch.optim.Optimizer] = []
-    for obj in gc.get_objects():
-        if isinstance(obj, nn.Module):
-            modules.append(obj)
-        elif isinstance(obj, torch.optim.Optimizer):
-            optimizers.append(obj)
+    with warnings.catch_warnings():
+        # isinstance() on every object asks deprecated stand-ins what they are: torch's own
+        # `torch.distributed.reduce_op` warned into every trial's log (issue 44) for no code of the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for obj in gc.get_objects():
+            if isinstance(obj, nn.Module):
+                modules.append(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                optimizers.append(obj)
     children = {id(child) for module in modules for child in module.children()}
     trees = [m for m in modules if id(m) not in children and not isinstance(m, Whole) and trainable(m)]
     optimized = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}

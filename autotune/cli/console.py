@@ -41,6 +41,14 @@ class ConsoleReporter:
         self.best: TrialRecord | None = None
         self.legend_shown: str | None = None
 
+    def __enter__(self) -> ConsoleReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Every way out of a run (an answer, an error, Ctrl-C): the spinner stops, its line is cleared and
+        the cursor shown again, so that what is printed next starts a line of its own."""
+        self._stop_status()
+
     def trial_started(self, number: int, batch_size: int, plan: str, why: str) -> None:
         name = f"trial {number}" if number >= 0 else "probe"
         self.label = f"{name}: {batch_size} x {self.names(plan)}" + ("" if number < 0 else f" ({why})")

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import re
 
-OPS = {"attention": "attn", "matmul": "mm", "activation": "act", "dropout": "drop", "recompute=": "rc="}
+OPS = {
+    "attention": "attn",
+    "matmul": "mm",
+    "activation": "act",
+    "dropout": "drop",
+    "elementwise": "elem",
+    "recompute=": "rc=",
+}
 _CLASS = re.compile(r"(?<![\w=+])([A-Z][A-Za-z0-9_]*)(?=:|$|\|)")
 
 

@@ -40,7 +40,12 @@ class _Group(click.Group):
             stopped = (
                 "the running trial was stopped" if isinstance(e, TrialInterrupted) else "no trial was running"
             )
-            click.echo(f"Interrupted: {stopped}.", err=True)
+            resumes = (
+                " The same command resumes the run: the trials that finished are stored."
+                if ctx.invoked_subcommand == "run"
+                else ""
+            )
+            click.echo(f"Interrupted: {stopped}.{resumes}", err=True)
             ctx.exit(EXIT_INTERRUPTED)
 
 

@@ -19,6 +19,72 @@ from autotune.trials.settings import TrialSettings
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class SectionedCommand(click.Command):
+    """A command whose --help lists its options in sections, the everyday ones first (issue 44: ``run
+    --help`` was 110 lines with --budget, the one required option, tenth, and no example). ``sections``:
+    (title, option names) in order; an option named in none goes to the last section."""
+
+    sections: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}
+        placed: set[str | None] = set()
+        for title, names in self.sections:
+            rows = [records[n] for n in names if records.get(n) is not None]
+            placed.update(names)
+            if title == self.sections[-1][0]:
+                rows += [r for n, r in records.items() if n not in placed and r is not None]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl([row for row in rows if row is not None])
+
+
+RUN_SECTIONS = (
+    (
+        "Options",
+        ("budget", "trials", "time_limit", "batch_sizes", "plans", "device", "cache_dir", "as_json"),
+    ),
+    (
+        "Each trial",
+        (
+            "steps",
+            "warmup_steps",
+            "warmup_max",
+            "tight",
+            "with_eval",
+            "with_save",
+            "timeout",
+            "startup_timeout",
+            "log_limit",
+            "max_seq_len",
+        ),
+    ),
+    (
+        "The search",
+        (
+            "headroom",
+            "host_budget",
+            "global_batch",
+            "grad_accum",
+            "backend",
+            "seed",
+            "exhaustive",
+            "sweep",
+            "warm",
+            "study",
+            "force",
+        ),
+    ),
+    ("Sharing the work", ("storage", "executor", "ray_address", "nodes_per_trial", "gpus_per_trial")),
+)
+
+
+class TuningCommand(SectionedCommand):
+    """``run`` and ``submit``: the options of a tuning job, in sections."""
+
+    sections = RUN_SECTIONS
+
+
 def _apply(command: F, options: list[Callable[[F], F]]) -> F:
     for option in reversed(options):
         command = option(command)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.cli.console import as_json, key_value_grid
-from autotune.cli.fit import PlanNames, plan_width
+from autotune.cli.fit import PlanNames, clip, plan_width
 from autotune.cli.render_trial import own_text
 from autotune.cli.tables import checks_table, prediction_summary, trials_table
 from autotune.core.budget import format_bytes
@@ -25,6 +25,7 @@ from autotune.core.stats import Interval
 from autotune.results.listing import not_run_line
 from autotune.runtime.inputs import varied_lengths
 from autotune.search.records import TrialKind, TrialRecord, lengths_of, phase_peaks_of
+from autotune.trials.command import SCRIPT_SUFFIXES
 from autotune.trials.settle import SETTLE_WINDOW
 
 if TYPE_CHECKING:  # `autotune best` must not import the search to print an answer
@@ -308,8 +309,8 @@ def studies_json(out: Console, summaries: Sequence[StudySummary]) -> None:
 
 
 def studies(out: Console, summaries: Sequence[StudySummary]) -> None:
-    """One line per study; the script (the one cell that may be long) last, cut at its start so the file
-    name stays."""
+    """One line per study; its command last (the one cell that may be long: a template's, or the script and
+    its arguments), scripts by their file names (``show`` has the whole path), cut at its end."""
     rows = [
         [
             s.name,
@@ -317,17 +318,17 @@ def studies(out: Console, summaries: Sequence[StudySummary]) -> None:
             str(s.trials),
             f"{s.best_samples_per_sec:,.1f}" if s.best_samples_per_sec else "-",
             str(s.state),
-            s.script,
+            _short_command(s.command or s.script),
         ]
         for s in summaries
     ]
-    columns = ("study", "budget", "trials", "samples/s", "state", "script")  # samples/s: the winner's
+    columns = ("study", "budget", "trials", "samples/s", "state", "command")  # samples/s: the winner's
     widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     room = max(out.width - sum(w + 3 for w in widths[:-1]) - 1, 10)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for i, column in enumerate(columns):
         numeric = column in ("budget", "trials", "samples/s")
-        last = column == "script"
+        last = column == "command"
         table.add_column(
             column,
             justify="right" if numeric else "left",
@@ -336,9 +337,17 @@ def studies(out: Console, summaries: Sequence[StudySummary]) -> None:
             max_width=room if last else None,
         )
     for r in rows:
-        r[-1] = r[-1] if len(r[-1]) <= room else "…" + r[-1][-(room - 1) :]
+        r[-1] = clip(r[-1], room)
         table.add_row(*r)
     out.print(table)
+
+
+def _short_command(command: str) -> str:
+    """``python train.py --bs {batch_size}`` for ``python /home/me/jobs/train.py --bs {batch_size}``: each
+    script by its file name, the rest as written."""
+    return " ".join(
+        Path(w).name if w.endswith(SCRIPT_SUFFIXES) and "/" in w else w for w in command.split(" ")
+    )
 
 
 def show(out: Console, report: StudyReport, as_json_flag: bool) -> None:

@@ -9,6 +9,7 @@ from rich.table import Table
 from autotune.backends import probe
 from autotune.backends.probe_report import OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.cli.console import as_json, key_values
+from autotune.cli.fit import PlanNames, plan_width
 from autotune.core.budget import format_bytes, signed_bytes
 from autotune.core.plans import OWN_OFF
 from autotune.core.protocol import Outcome
@@ -189,39 +190,45 @@ def _torch_probe_header(out: Console, data: TorchProbeReport, result: TrialResul
     )
 
 
+LEVELS_WIDTH = 100  # the probe table's level column, from this many columns
+
+
 def _probe_table(out: Console, data: ProbeReport, table_rows: list[probe.ProbeRow]) -> None:
+    """One row per candidate plan, readable at 80 columns: plan names shortened as ``run`` and ``show``
+    shorten them (with the legend below), numbers never wrapped, only the note folds; a plan the search
+    does not offer says so in its note and why below (issue 44: at 80 columns five rows read
+    ``Block:…`` and every number wrapped onto three lines)."""
+    names = PlanNames(plan_width(out.width))
+    levels = out.width >= LEVELS_WIDTH  # narrower, the plan's name says it: X:1, X:1/rc=op, X:1/offload
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in (
-        "level",
-        "plan",
-        "freq",
-        f"saved @{data.batch_size}",
-        "per sample",
-        "recomputes",
-        "offered",
-        "note",
-    ):
-        table.add_column(
-            column,
-            justify="right"
-            if column in ("freq", "per sample", "recomputes") or column.startswith("saved")
-            else "left",
-        )
+    if levels:
+        table.add_column("level", no_wrap=True)
+    table.add_column("plan", no_wrap=True)
+    for column in ("freq", f"saved @{data.batch_size}", "/sample", "fwd"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("note")
     for row in table_rows:
         table.add_row(
-            row.level,
-            row.plan,
+            *([row.level] if levels else []),
+            names(row.plan),
             str(row.frequency),
             signed_bytes(row.saving_bytes),
             signed_bytes(row.saving_per_sample),
-            f"{row.forward_share:.0%} of fwd" if row.forward_share is not None else "-",
-            "no" if row.excluded else "yes",
-            row.detail,
+            f"{row.forward_share:.0%}" if row.forward_share is not None else "-",
+            _probe_note(row),
         )
     out.print(table)
+    out.print(
+        "saved: activation memory the plan frees at the probe's batch, and per sample; fwd: the share of the "
+        "forward it runs again in the backward",
+        markup=False,
+        soft_wrap=False,  # prose: wrapped at words
+    )
+    if legend := names.legend():
+        out.print(legend, markup=False, soft_wrap=False)
     for row in table_rows:
         if row.excluded:
-            out.print(f"not offered: {row.plan}: {row.excluded}", markup=False, soft_wrap=True)
+            out.print(f"not offered: {row.plan}: {row.excluded}", markup=False, soft_wrap=False)
     checked = [c for c in data.checks if c.skipped is None] if isinstance(data, TorchProbeReport) else []
     if checked:
         passed = [c for c in checked if c.ok]
@@ -230,18 +237,21 @@ def _probe_table(out: Console, data: ProbeReport, table_rows: list[probe.ProbeRo
             f"checked against no plan (one step on the probe's batch): {len(passed)} of {len(checked)} "
             f"plan(s) give the same loss and gradients (largest relative gradient difference {worst:.1e})",
             markup=False,
-            soft_wrap=True,
+            soft_wrap=False,
         )
 
 
-def doctor(out: Console, checks: list[Check], as_json_flag: bool) -> None:
-    if as_json_flag:
-        out.print(as_json([c.to_dict() for c in checks]), markup=False)
-        return
-    for c in checks:
-        out.print(f"{'ok ' if c.ok else 'no '} {c.name}: {c.detail}", markup=False)
-        if c.hint:
-            out.print(f"     -> {c.hint}", markup=False)
+def _probe_note(row: probe.ProbeRow) -> str:
+    """A candidate's note: what it keeps or where it sits, and whether the search leaves it out (why: below
+    the table)."""
+    return "not offered" if row.excluded else row.detail
+
+
+def check_lines(out: Console, c: Check) -> None:
+    """One of doctor's checks, printed as soon as it is done: ``ok  torch: ...``, then what to do if not."""
+    out.print(f"{'ok ' if c.ok else 'no '} {c.name}: {c.detail}", markup=False)
+    if c.hint:
+        out.print(f"     -> {c.hint}", markup=False)
 
 
 def own_text(own: str, plan: str) -> str:

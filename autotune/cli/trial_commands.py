@@ -144,9 +144,12 @@ def probe(
 def doctor(as_json: bool, ray_address: str | None, backend: str) -> None:
     """Check what works on this machine (torch, GPU memory through NVML, storage drivers, the Ray cluster,
     backends) and say what to do about what does not. Exits 1 if autotune cannot tune here at all."""
+    from autotune.cli.console import as_json as json_text
     from autotune.cli.console import console
-    from autotune.cli.render_trial import doctor as render_doctor
+    from autotune.cli.render_trial import check_lines
 
-    found = api.doctor(ray_address, backend)
-    render_doctor(console(), found, as_json)
+    out = console()
+    found = api.doctor(ray_address, backend, on_check=None if as_json else lambda c: check_lines(out, c))
+    if as_json:
+        out.print(json_text([c.to_dict() for c in found]), markup=False)
     exit_with(not any(c.required and not c.ok for c in found))

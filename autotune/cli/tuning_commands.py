@@ -12,7 +12,14 @@ import click
 
 from autotune import api
 from autotune.cli.main import cli, quiet_optuna
-from autotune.cli.options import GPUS_PER_TRIAL, cache_dir_option, search_options, settings_of, storage_option
+from autotune.cli.options import (
+    GPUS_PER_TRIAL,
+    TuningCommand,
+    cache_dir_option,
+    search_options,
+    settings_of,
+    storage_option,
+)
 
 
 def _tune_spec(options: dict[str, Any]) -> Any:
@@ -49,7 +56,7 @@ def _tune_spec(options: dict[str, Any]) -> Any:
     )
 
 
-@cli.command()
+@cli.command(cls=TuningCommand)
 @search_options
 @click.option(
     "--executor",
@@ -75,22 +82,29 @@ def _tune_spec(options: dict[str, Any]) -> Any:
     "is set per trial).",
 )
 def run(**options: Any) -> None:
-    """Find the fastest batch size and recompute plan whose measured peak fits BUDGET, and store it.
+    """Find the fastest batch size and recompute plan whose measured peak fits the budget, and store it.
 
-    COMMAND is SCRIPT [-- ARGS] or -- COMMAND with {batch_size} (and {grad_accum}). The same command again answers from the
-    database with zero trials; an interrupted run resumes; workers (autotune worker) sharing the database
-    help with it.
+    COMMAND is a script that reads autotune.batch_size() (SCRIPT [-- ARGS]), or any command with
+    {batch_size} where the batch size goes (-- COMMAND). The same command again answers from the database
+    with zero trials; an interrupted run resumes.
+
+    \b
+    Examples:
+      autotune run --budget 40GB train.py
+      autotune run --budget 12GiB -- python train.py --bs {batch_size}
+      autotune run --budget 90% --trials 20 train.py -- --epochs 1
     """
     from autotune.cli import render
     from autotune.cli.console import ConsoleReporter, console
 
     spec = _tune_spec(options)
     quiet_optuna()
-    result = api.tune(spec, environ=os.environ, reporter=ConsoleReporter(console(stderr=True)))
+    with ConsoleReporter(console(stderr=True)) as reporter:
+        result = api.tune(spec, environ=os.environ, reporter=reporter)
     render.tuned(console(), result, options["command"], options["budget"], options["as_json"])
 
 
-@cli.command()
+@cli.command(cls=TuningCommand)
 @search_options
 @click.option(
     "--unsigned",

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,12 +41,19 @@ class Check:
         return asdict(self)
 
 
-def checks(ray_address: str | None = None, ort: bool = False) -> list[Check]:
-    """Every check, in the order a user would fix them (``ray_address``: the Ray cluster to look at; None:
-    RAY_ADDRESS, else one running here). ORTModule trains a step only with ``ort`` (``--backend ort``): on a
-    fresh machine that builds ORT's C++ extension first, and the check took 56-103 s of every doctor call
-    for users who never use the deprecated backend (issue 44); without it, whether it is installed."""
-    return [_torch(), _nvml(), _cpu_memory(), _sqlite(), _postgres(), _ray(ray_address), _ort(ort)]
+def checks(ray_address: str | None = None, ort: bool = False) -> Iterator[Check]:
+    """Every check, in the order a user would fix them, each as soon as it is done (``ray_address``: the Ray
+    cluster to look at; None: RAY_ADDRESS, else one running here). ORTModule trains a step only with ``ort``
+    (``--backend ort``): on a fresh machine that builds ORT's C++ extension first, and the check took 56-103 s
+    of every doctor call for users who never use the deprecated backend (issue 44); without it, whether it
+    is installed."""
+    yield _torch()
+    yield _nvml()
+    yield _cpu_memory()
+    yield _sqlite()
+    yield _postgres()
+    yield _ray(ray_address)
+    yield _ort(ort)
 
 
 def _torch() -> Check:

@@ -24,6 +24,9 @@ class StudySummary:
     best_samples_per_sec: float | None
     state: JobState  # the job's; a study without a job: done (winner stored) or open
     budget_text: str = ""  # as submitted, for a job no worker has started yet (budget_bytes 0)
+    # the command as the user gave it (a template's ``python train.py --bs {batch_size}``, a script's
+    # ``train.py --epochs 1``): two studies of one script read apart (issue 44); the script where unknown
+    command: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ def studies(store: Store) -> list[StudySummary]:
         records = study_records(store, row.study_name)
         stored = store.best(row.study_name)
         job = jobs.pop(row.study_name, None)
+        workload = store.workload(row.fingerprint)
         summaries.append(
             StudySummary(
                 row.study_name,
@@ -78,11 +82,19 @@ def studies(store: Store) -> list[StudySummary]:
                 sum(r.counted for r in records),
                 stored.verified_samples_per_sec if stored else None,
                 job.state if job is not None else (JobState.DONE if stored else JobState.OPEN),
+                command=workload.command if workload is not None and workload.command else row.script,
             )
         )
     for job in jobs.values():
         budget = job.spec.get("budget")  # a row's spec is whatever JSON object was stored: read, not trusted
-        summaries.append(StudySummary(job.study_name, job.script, 0, 0, None, job.state, str(budget or "?")))
+        command = (
+            " ".join(str(w) for w in words) if isinstance(words := job.spec.get("command"), list) else ""
+        )
+        summaries.append(
+            StudySummary(
+                job.study_name, job.script, 0, 0, None, job.state, str(budget or "?"), command or job.script
+            )
+        )
     return summaries
 
 

@@ -306,7 +306,13 @@ class _Trial(TrialState):
     def _conclude(self, error: BaseException | None) -> int:
         if error is None or isinstance(error, SystemExit):
             code = getattr(error, "code", 0)
-            how = f"exited with code {code}" if code not in (None, 0) else "ended"
+            how = (
+                f"exited with the message {code!r}"  # sys.exit("bad config: ..."): Python printed it, exit 1
+                if isinstance(code, str)
+                else f"exited with code {code}"
+                if code not in (None, 0)
+                else "ended"
+            )
             if how == "ended" and self._measured_before_the_end():
                 return EXIT_COMPLETE
             if self.due_phases():

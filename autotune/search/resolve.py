@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from autotune.backends.probe import check_plans, forward_share, saving_per_sample
+from autotune.backends.probe import GPU_ONLY, check_plans, forward_share, saving_per_sample
 from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
@@ -31,6 +31,7 @@ from autotune.search.space import SearchSpace, build_space
 from autotune.search.spec import TuneResult, TuneSpec
 from autotune.search.study import check_ours
 from autotune.storage import BestRow, Store, StudyRow, open_store
+from autotune.trials.interpreter import check_interpreter, interpreter_of
 from autotune.trials.interrupts import InterruptShield
 from autotune.trials.workload import Workload, workload_of
 
@@ -50,6 +51,18 @@ class ResolvedJob:
     forward_shares: dict[str, float]  # the probe's share of the forward pass each plan repeats
     fixed_bytes: int | None  # the probe's weights, gradients and optimizer state
     transfer: dict[str, float]  # an offload plan's least seconds per sample to the host and back
+
+    def left_out(self, named: bool) -> list[str]:
+        """The plans the search leaves out, each with why: ``named``, those the user named (said at once,
+        a zero-trial answer included: they are the user's request); else the probe's own, said once a
+        search starts and only where the model is why, not the device (issue 44: "plan Block:1/offload
+        left out: GPU only" on every CPU run, a zero-trial answer included)."""
+        asked = set(self.spec.plans or ())
+        return [
+            f"plan {plan} left out: {why}"
+            for plan, why in self.space.excluded.items()
+            if (plan in asked) == named and (named or not why.startswith(GPU_ONLY))
+        ]
 
     def search(
         self, study: optuna.Study, reporter: Reporter, worker: str, cost: Cost | None = None
@@ -129,6 +142,7 @@ def resolve(
         else executor.device
     )
     limit = spec.budget.limit(device.total_bytes, spec.headroom)
+    check_interpreter(spec.command, environ)  # before the probe: the command's python can run the script
     store = store or open_store(spec.storage_url)
     workload = workload_of(spec.command, device, spec.backend)
     store.add_workload(
@@ -145,7 +159,8 @@ def resolve(
     )  # fmt: skip
     if spec.study is not None:
         check_ours(store, spec.study)  # before the probe: a user's own study is refused without a trial
-    probe, probes_run = discover(store, workload, spec, runner, reporter, worker)
+    python = interpreter_of(spec.command, environ)
+    probe, probes_run = discover(store, workload, spec, runner, reporter, worker, python)
     check_plans(spec.plans, probe)  # before any measured trial
     named = [p for p in spec.plans or () if p != "none"]
     if probe is None and spec.backend is Backend.TORCH and named:
@@ -165,8 +180,6 @@ def resolve(
         spec.world_size,
         spec.max_seq_len,
     )
-    for plan, why in space.excluded.items():
-        reporter.note(f"plan {plan} left out: {why}")
     row = _study_row(spec, workload, limit, space)
     return ResolvedJob(
         spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run,

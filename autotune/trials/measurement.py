@@ -40,6 +40,7 @@ from autotune.hardware.load import LoadSnapshot
 from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
+from autotune.trials.interpreter import check_interpreter
 from autotune.trials.interrupts import InterruptShield
 from autotune.trials.launcher import Launch, ProcessExit, run_process, tail
 from autotune.trials.ranks import RankWatch, merge_reports, rank_failed, rank_reports
@@ -129,6 +130,7 @@ def measure(
     env = dict(os.environ if environ is None else environ)
     device = resolve_device(spec.device, env, nvml_loader(nvml))
     budget_bytes = spec.budget.resolve(device.total_bytes) if spec.budget is not None else None
+    check_interpreter(spec.command, env)
     with InterruptShield() as shield:  # a Ctrl-C as the trial starts still stops it (TrialInterrupted)
         result = run_trial(
             spec.command,

@@ -90,5 +90,7 @@ class JobWork:
                 f"job {self.job.study_name}: this worker's device or software differs from the job's "
                 f"({job.device.name}): {e}"
             ) from e
+        for line in [*job.left_out(named=True), *job.left_out(named=False)]:
+            self.reporter.note(line)
         self.store.set_job_state(self.job.study_name, JobState.RUNNING, only_from=(JobState.OPEN,))
         return job.search(study, self.reporter, self.worker, self.cost), job.probes_run > 0

@@ -90,6 +90,8 @@ def _tune_on(
     started = time.monotonic()
     job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=cluster)
     resolved = time.monotonic()
+    for line in job.left_out(named=True):
+        reporter.note(line)
     name = job.study_row.study_name
     previous = job.store.job(name) if spec.force else None
     if spec.force:
@@ -99,6 +101,8 @@ def _tune_on(
         study = optuna.load_study(study_name=name, storage=job.store.optuna)
         return job.result(cached, study, new_trials=0, stopped=None, cached=True)
     study = open_study(job.store, job.study_row, spec.seed, job.limit.bytes)
+    for line in job.left_out(named=False):
+        reporter.note(line)
     # --force: a new round of the job, which workers that ran the last one run too (autotune.workers.signing)
     round = signature_round(previous.signature) + 1 if previous is not None else 0
     row = job_row(spec, name, worker, JobState.RUNNING, key, round)

@@ -216,6 +216,12 @@ def test_probe_and_run_leave_out_a_plan_that_changes_the_numbers_and_say_why(tmp
     assert run.returncode == 0, run.stderr
     assert "plan Counting:1 left out: changes the numbers" in run.stderr
     assert "Counting:1" not in "".join(line for line in run.stderr.splitlines() if line.startswith("trial"))
+    # issue 44: a plan left out for the device (offload on the CPU) the user never named is not said, and an
+    # answer from the database (zero trials) says nothing of plans at all
+    assert "left out: GPU only" not in run.stderr
+    again = subprocess.run(run.args, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "zero trials" in again.stderr, again.stderr
+    assert "left out" not in again.stderr
     named = subprocess.run(
         [AUTOTUNE, "run", "--budget", "4GiB", "--batch-sizes", "4-8", *FEW, "--plans",
          "none;Counting:0.5;Block:1", *common, str(script)],

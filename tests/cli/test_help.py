@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -58,3 +60,22 @@ def test_a_command_without_a_docstring_or_option_help_is_caught() -> None:
 
     assert help_gaps(group, "bare") == ["bare: no docstring"]
     assert help_gaps(group, "half") == ["half --quiet: no help"]
+
+
+@pytest.mark.parametrize("name", ["run", "submit"])
+def test_run_s_help_at_80_columns_starts_with_budget_and_examples(name: str) -> None:
+    """Issue 44: ``run --help`` was 110 lines, --budget (the one required option) tenth, and no example. Now
+    the everyday options come first, the rest in sections, every line within 80 columns."""
+    shown = CliRunner().invoke(cli, [name, "--help"], terminal_width=80)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    options = [m.group(1) for line in lines if (m := re.match(r"  (?:-\w, )?(--[\w-]+)", line))]
+    assert options[:3] == ["--budget", "--trials", "--time-limit"]
+    assert [line for line in lines if line and not line.startswith(" ")][1:] == [
+        "Options:", "Each trial:", "The search:", "Sharing the work:",
+    ]  # fmt: skip
+    every = {p.opts[-1] for p in cli.commands[name].params if isinstance(p, click.Option)} | {"--help"}
+    assert set(options) == every  # none left out
+    if name == "run":
+        assert "    autotune run --budget 40GB train.py" in lines

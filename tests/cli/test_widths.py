@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from autotune.results.best import BestAnswer
 from autotune.results.formats import render
 from autotune.search.records import TrialKind, TrialRecord
 
-from conftest import synthetic_study
+from conftest import AUTOTUNE, SYNTHETIC, synthetic_study
 
 COLUMNS = ("#", "batch", "plan", "outcome", "peak", "pred.", "samples/s", "note")
 
@@ -72,7 +74,9 @@ def test_studies_fits_the_terminal(study, width: int) -> None:
     assert max(len(line) for line in result.output.splitlines()) <= width
     (row,) = [line for line in result.output.splitlines() if name in line]
     cells = re.split(r"\s{2,}", row.strip())
-    assert cells[1:3] == ["200.00 MiB", "4"] and cells[4] == "done" and cells[5].endswith("ynthetic.py")
+    assert cells[1:3] == ["200.00 MiB", "4"] and cells[4] == "done"
+    command = "python synthetic.py --base-mib 40 --per-sample-mib 12"  # the script by its name, its args
+    assert command.startswith(cells[5].rstrip("…")) and len(cells[5]) >= 10, cells[5]
 
 
 def test_a_failed_trial_is_one_line_with_its_log_path_whole() -> None:
@@ -294,3 +298,50 @@ def test_the_plans_table_has_no_column_of_blanks() -> None:
     assert [name for name, _ in columns(unmeasured)] == ["plan", "predicted", "measured"]
     measured = PlanCheck("Block:0.5", 2**20, 0.9 * 2**20, False)
     assert columns(unmeasured, measured)[-1] == ("check", ["-", "ok"])
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_probe_fits_the_terminal_and_tells_its_plans_apart(width: int, tmp_path: Path) -> None:
+    """Issue 44: at 80-100 columns five operator rows all read ``Block:1/reco…`` and every number wrapped onto
+    three lines. Now one line per plan, each plan's name its own (shortened as run and show shorten it, the
+    legend below), its saving whole on its line."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    proc = subprocess.run(
+        [AUTOTUNE, "probe", "--device", "cpu", "--cache-dir", str(tmp_path), str(examples / "gpt.py")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": str(width)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:2] in (["plan", "freq"], ["level", "plan"])
+    )
+    rows = []
+    for line in lines[header + 2 :]:  # below the header's rule, to the table's blank last line
+        if not line.strip():
+            break
+        rows.append(line)
+    assert len(rows) == 10  # 3 modules, 6 operator plans, offload: one line each, nothing wrapped
+    plans = [r.split()[1 if width >= 100 else 0] for r in rows]
+    assert len(set(plans)) == len(plans) and not any(p.endswith("…") for p in plans), plans
+    assert all(
+        re.search(r"\s-?\d+(\.\d\d)? ([KMG]i)?B\s+-?\d+(\.\d\d)? ([KMG]i)?B\s+\d+%", r) for r in rows
+    ), rows
+    prose = " ".join(line.strip() for line in lines[header + 2 + len(rows) :])  # wrapped at words
+    assert re.search(r"plans shortened: .*rc= = recompute", prose), prose
+
+
+def test_studies_of_one_script_run_two_ways_read_apart(tmp_path: Path) -> None:
+    """Issue 44: the script form and the command form of one script were two identical rows."""
+    common = ["run", "--device", "cpu", "--budget", "200MiB", "--batch-sizes", "8", "--plans", "none",
+              "--steps", "2", "--warmup-steps", "1", "--cache-dir", str(tmp_path)]  # fmt: skip
+    args = ["--base-mib", "20", "--step-seconds", "0.01"]
+    for form in ([str(SYNTHETIC), "--", *args], ["--", "python", str(SYNTHETIC), *args]):
+        ran = CliRunner().invoke(cli, [*common, *form])
+        assert ran.exit_code == 0, ran.output
+    result = CliRunner().invoke(cli, ["studies", "--cache-dir", str(tmp_path)], env={"COLUMNS": "160"})
+    commands = sorted(re.split(r"\s{2,}", line.strip())[-1] for line in result.output.splitlines()[2:])
+    assert commands == [
+        "python synthetic.py --base-mib 20 --step-seconds 0.01",
+        "synthetic.py --base-mib 20 --step-seconds 0.01",
+    ], result.output

@@ -15,6 +15,8 @@ from autotune.core.errors import InputError
 from autotune.core.protocol import Outcome, TrialReport, TrialRequest
 from autotune.runtime import trial
 
+from conftest import EXAMPLES
+
 
 @pytest.fixture
 def outside(monkeypatch):
@@ -260,3 +262,19 @@ def test_a_trial_sets_its_compile_budget_as_torch_is_imported(tmp_path) -> None:
     )
     code, report = _run_child(tmp_path, script, plan="compile:0.2")
     assert (code, report.outcome, report.error) == (0, Outcome.COMPLETE, None)
+
+
+def test_a_trial_s_log_holds_no_warning_of_autotune_s_own(tmp_path: Path) -> None:
+    """Issue 44: every trial's log showed torch's FutureWarning ``torch.distributed.reduce_op is
+    deprecated``, raised by autotune's search for the model (isinstance over every object) in no code of the
+    user's."""
+    from autotune import api
+    from autotune.trials.measurement import measure_spec
+    from autotune.trials.settings import TrialSettings
+
+    script = EXAMPLES / "mlp.py"
+    settings = TrialSettings(warmup_steps=1, measured_steps=2)
+    result = api.measure(measure_spec([str(script)], 4, device="cpu", cache_dir=tmp_path, settings=settings))
+    assert result.outcome is Outcome.COMPLETE, result.error
+    log = (Path(result.log_dir) / "stderr.log").read_text()
+    assert "autotune/" not in log and "Warning" not in log, log

@@ -178,6 +178,7 @@ def main() -> None:
         help="FIRST-LAST=FACTOR: steps FIRST to LAST (from 0) take FACTOR times longer, and the CPU pressure "
         "file ($AUTOTUNE_CPU_PRESSURE_PATH) counts the extra time as waited for a CPU: a neighbour's burst",
     )
+    p.add_argument("--exit-message", default=None, help="raise SystemExit(this) before the first step")
     p.add_argument("--oom-plan", default=None, help="raise MemoryError at the first step with this plan")
     p.add_argument("--crash-plan", default=None, help="raise ValueError at step 1 with this plan")
     p.add_argument(
@@ -225,6 +226,8 @@ def main() -> None:
     if args.fail_rank is not None and rank != args.fail_rank:
         args.oom_at = args.crash_at = -1
 
+    if args.exit_message is not None:
+        raise SystemExit(args.exit_message)  # a script's check of its own config: sys.exit("bad config: ...")
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pids = [os.getpid()]

@@ -127,7 +127,9 @@ def test_a_run_waiting_for_another_s_probe_says_so_and_ctrl_c_ends_it_at_once(tm
     _, rest = waiting.communicate(timeout=30)
     assert time.monotonic() - stopped < 5
     assert waiting.returncode == 130
-    assert rest.strip() == "Interrupted: no trial was running."  # nothing of its own was running
+    assert rest.strip() == (  # nothing of its own was running
+        "Interrupted: no trial was running. The same command resumes the run: the trials that finished are stored."
+    )
     prober.kill()
     prober.wait()
 

@@ -146,7 +146,7 @@ def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path, sig: int) 
     signal_as_a_trial_starts(proc, sig, tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert "Interrupted: the running trial was stopped." in err
+    assert "Interrupted: the running trial was stopped. The same command resumes the run" in err
     assert trial_pids(tmp_path) == []
     trials = trials_of(tmp_path, "interrupt")
     assert not [t for t in trials if t.state == TrialState.RUNNING]

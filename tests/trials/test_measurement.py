@@ -127,6 +127,16 @@ def test_a_script_that_ends_early_fails_with_the_step_count(synthetic) -> None:
     assert result.error.startswith("the script ended after 2 of 4 steps")
 
 
+def test_a_script_that_exits_with_a_message_is_told_by_its_message(synthetic) -> None:
+    """Issue 44: ``raise SystemExit("bad config: ...")`` read "exited with code bad config: ... after 0 of 7
+    steps"."""
+    result = synthetic(1, "--exit-message", "bad config: lr must be > 0", warmup_steps=1, measured_steps=3)
+    assert result.outcome is Outcome.FAILED
+    assert result.error.startswith(
+        "the script exited with the message 'bad config: lr must be > 0' after 0 of 4 steps"
+    ), result.error
+
+
 def test_a_trial_that_never_steps_times_out_at_startup(synthetic) -> None:
     started = time.monotonic()
     result = synthetic(1, "--never-step", startup_timeout=1.0, grace=0.5)
