@@ -28,9 +28,11 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable
 
 from autotune.core.budget import format_bytes, with_rise
 from autotune.core.errors import DamagedData, NoFitError, StorageFault, TrialLost
+from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search import noise
 from autotune.search.loop import Search, Step
@@ -599,18 +601,26 @@ def _run_verification(
 
 
 def _no_fit_message(search: Search, records: list[TrialRecord]) -> str:
+    return no_fit_message(records, search.limit, search.budget_for)
+
+
+def no_fit_message(records: list[TrialRecord], limit: int, budget_for: Callable[[int], str]) -> str:
     """Why nothing is answered, as a hopeless search says it (autotune.search.loop.Search._check_hopeless):
-    the smallest peak measured, here or for another budget, and the budget it would need."""
-    limit = search.limit
+    the smallest peak measured, here or for another budget, and the budget it would need. A trial stopped
+    as it passed the budget (or out of memory) read a bound, not a peak: the smallest of the completed ones
+    speaks where there is one (CI: a trial stopped at 50.16 MiB of a 50 MiB budget was "the smallest peak
+    measured", and 52.80 MiB the budget it "needs", for a configuration that peaks at 104 MiB)."""
     measured = [r for r in records if r.measured and r.peak_bytes is not None]
     if not measured:
         return f"no configuration fits {format_bytes(limit)} (budget minus headroom): no trial completed"
-    smallest = min(measured, key=lambda r: r.peak_bytes or 0)
+    complete = [r for r in measured if r.outcome is Outcome.COMPLETE]
+    smallest = min(complete or measured, key=lambda r: r.peak_bytes or 0)
+    bound = "" if smallest.outcome is Outcome.COMPLETE else " at least"
     where = f"trial {smallest.number}" + (
         " (measured for another budget)" if smallest.kind is TrialKind.WARM_START else ""
     )
     return (
-        f"no configuration fits {format_bytes(limit)} (budget minus headroom): the smallest peak measured was "
-        f"{format_bytes(smallest.peak_bytes or 0)} (batch {smallest.batch_size}, plan {smallest.plan}, {where}); "
-        f"it needs a budget of at least {search.budget_for(smallest.peak_bytes or 0)}; every trial is kept"
+        f"no configuration fits {format_bytes(limit)} (budget minus headroom): the smallest peak measured was"
+        f"{bound} {format_bytes(smallest.peak_bytes or 0)} (batch {smallest.batch_size}, plan {smallest.plan}, "
+        f"{where}); it needs a budget of at least {budget_for(smallest.peak_bytes or 0)}; every trial is kept"
     )

@@ -7,6 +7,9 @@ per sample (the probe predicts 6 / REALIZED_PRIOR: a plan realizes less than pre
 
 from __future__ import annotations
 
+import math
+
+from autotune.core.budget import format_bytes
 from autotune.core.protocol import Outcome
 from autotune.search.calibration import hopeless
 from autotune.search.memory_model import REALIZED_PRIOR
@@ -277,3 +280,24 @@ def test_a_plan_the_probe_overrates_costs_one_over_budget_trial_then_its_own_slo
         assert abs(model.predict(batch, "A:1") - (100 + batch * 5) * MiB) < 0.05 * (100 + batch * 5) * MiB
     best = best_record(records, LIMIT)
     assert best is not None and (best.batch_size, best.plan) == (64, "A:1")
+
+
+def test_a_hopeless_budget_is_told_by_a_completed_peak_not_by_a_trial_stopped_at_the_budget() -> None:
+    """CI: a 50 MiB run re-measured none@16 (read at 104 MiB for a 200 MiB budget) and stopped it at 50.16 MiB;
+    that bound became "the smallest peak measured" and 52.80 MiB the budget it "needs"."""
+    from autotune.search.verify import no_fit_message
+
+    other_budget = trial(3, 8, "A:1", 4, kind=TrialKind.WARM_START)  # 132 MiB, complete
+    stopped = trial(5, 16, "none", -3, Outcome.OVER_BUDGET)  # 52 MiB: where the budget stopped it
+
+    def budget_for(peak: int) -> str:  # the search's, at its default 5% headroom (Search.budget_for)
+        return format_bytes(math.ceil(peak / 0.95))
+
+    assert no_fit_message([other_budget, stopped], 47 * MiB, budget_for) == (
+        "no configuration fits 47.00 MiB (budget minus headroom): the smallest peak measured was 132.00 MiB "
+        "(batch 8, plan A:1, trial 3 (measured for another budget)); it needs a budget of at least 138.95 MiB; "
+        "every trial is kept"
+    )
+    assert no_fit_message([stopped], 47 * MiB, budget_for).startswith(
+        "no configuration fits 47.00 MiB (budget minus headroom): the smallest peak measured was at least 52.00 MiB "
+    )
