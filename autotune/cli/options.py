@@ -30,13 +30,13 @@ class SectionedCommand(click.Command):
         records = {param.name: param.get_help_record(ctx) for param in self.get_params(ctx)}
         placed: set[str | None] = set()
         for title, names in self.sections:
-            rows = [records[n] for n in names if records.get(n) is not None]
+            rows = [row for n in names if (row := records.get(n)) is not None]
             placed.update(names)
             if title == self.sections[-1][0]:
                 rows += [r for n, r in records.items() if n not in placed and r is not None]
             if rows:
                 with formatter.section(title):
-                    formatter.write_dl([row for row in rows if row is not None])
+                    formatter.write_dl(rows)
 
 
 RUN_SECTIONS = (

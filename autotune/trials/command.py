@@ -76,7 +76,7 @@ class TrialCommand:
         if not self.is_template:
             return [sys.executable, "-m", "autotune.runtime.harness", *self.words]
         words = fill(self.words, batch_size, grad_accum)
-        if not _PYTHON.fullmatch(os.path.basename(words[0])) or self.runs_launcher_module:
+        if python_program(self) is None:
             return words  # the runtime comes in through sitecustomize, in every rank
         i = 1
         while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-c", "-"):
@@ -90,7 +90,7 @@ class TrialCommand:
         if not self.is_template:
             return dict(base)
         paths = []
-        if not _PYTHON.fullmatch(os.path.basename(self.words[0])) or self.runs_launcher_module:
+        if python_program(self) is None:
             paths.append(_INJECT_DIR)
         elif _same_interpreter(self.words[0]):
             return dict(base)

@@ -70,7 +70,7 @@ def check_interpreter(command: TrialCommand, environ: Mapping[str, str], cwd: st
             the modules the script imports at its top level (both interpreters named, and the modules).
     """
     python = interpreter_of(command, environ)
-    if python is None or same_interpreter(python, sys.executable) or not command.is_template:
+    if python is None or same_interpreter(python, sys.executable):  # a script runs in autotune's own
         return
     script = command.script_path()
     if script is None:
