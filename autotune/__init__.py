@@ -12,6 +12,12 @@ Inside a training script (harmless no-ops outside a trial)::
         with autotune.phase("eval"):     # measured on its own; Trainer and Lightning need neither
             evaluate(model)
 
+A finder inside your own process (autotune.finder)::
+
+    @autotune.find_batch_size(budget="12GB")   # no budget: the device's memory
+    def train(batch_size): ...
+    train()                              # searches here, then trains at the answer
+
 From Python, what the CLI does (autotune.api)::
 
     result = autotune.tune(autotune.tune_spec(["train.py"], "40GB", trials=8))
@@ -33,6 +39,7 @@ from autotune.runtime.api import batch_size, due, grad_accum, phase, prepare, st
 
 if TYPE_CHECKING:
     from autotune.api import best, doctor, measure, probe, show, studies, submit, tune, work
+    from autotune.finder.decorator import find_batch_size
     from autotune.search.spec import TuneResult, TuneSpec, tune_spec
     from autotune.trials.measurement import MeasureSpec, measure_spec
     from autotune.trials.result import TrialResult
@@ -40,6 +47,7 @@ from autotune.trials.settings import TrialSettings
 
 _LAZY = {
     "autotune.api": ("best", "doctor", "measure", "probe", "show", "studies", "submit", "tune", "work"),
+    "autotune.finder.decorator": ("find_batch_size",),
     "autotune.search.spec": ("TuneResult", "TuneSpec", "tune_spec"),
     "autotune.trials.measurement": ("MeasureSpec", "measure_spec"),
     "autotune.trials.result": ("TrialResult",),
@@ -62,6 +70,7 @@ __all__ = [
     "best",
     "doctor",
     "due",
+    "find_batch_size",
     "format_bytes",
     "grad_accum",
     "measure",

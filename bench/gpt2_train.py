@@ -11,7 +11,8 @@ With ``--find``, the peer autotune is compared with chooses the batch size: Acce
 tries and their seconds. ``--layers``/``--width``/``--seq`` make it smaller (bench/gpu_side_by_side.py --quick).
 ``--device cpu`` trains in float32 on the CPU; its ``--find`` caps the process's address space at
 ``--budget-bytes`` (as ``ulimit -v`` does), where torch's CPU allocator raises the error Accelerate halves on
-(bench/time_to_answer.py).
+(bench/time_to_answer.py). With ``--autotune-find``, autotune's own finder searches in this process
+(``@autotune.find_batch_size``, issue 44) at ``--budget-bytes`` and prints the same kind of line.
 """
 
 from __future__ import annotations
@@ -83,6 +84,31 @@ def find(args: argparse.Namespace) -> None:
                       "search_seconds": done - searching, "wall_seconds": done - started}))  # fmt: skip
 
 
+def autotune_find(args: argparse.Namespace) -> None:
+    """autotune's finder in this process (``@autotune.find_batch_size``) at ``--budget-bytes``: the model
+    built inside the function, as its docs ask; one JSON line as ``find`` prints, once the answer is known
+    (the call that would then train at it returns at once)."""
+    import autotune
+
+    started = time.monotonic()
+    tried: list[int] = []
+
+    @autotune.find_batch_size(budget=f"{args.budget_bytes}B", cache_dir=args.cache_dir, quiet=True)
+    def train(batch_size: int) -> None:
+        if train.answer is not None:  # the search is over: this is the call at the answer
+            return
+        tried.append(batch_size)
+        model, optimizer = build(args)
+        for _ in range(args.steps):
+            train_step(model, optimizer, batch_size, args.seq)
+
+    train()
+    done = time.monotonic()
+    best = train.answer.best
+    print(json.dumps({"batch_size": best.batch_size, "plan": best.plan, "tries": len(tried),
+                      "wall_seconds": done - started}))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -95,10 +121,15 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=64, help="--find's starting batch size")
     parser.add_argument("--budget-bytes", type=int, default=12 * 2**30, help="--find's allocator cap")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--autotune-find", action="store_true", help="@autotune.find_batch_size, in-process")
+    parser.add_argument("--cache-dir", default=None, help="--autotune-find's cache dir")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.find:
         find(args)
+        return
+    if args.autotune_find:
+        autotune_find(args)
         return
     model, optimizer = build(args)
     for step in range(args.steps):

@@ -5,7 +5,8 @@ without and with ``gradient_checkpointing_enable()``, on a small Hugging Face GP
 Each round, in turn: the peer without checkpointing and with it, each under an address-space cap (what
 ``ulimit -v`` sets: torch's CPU allocator then raises the error Accelerate halves on); ``autotune run`` given
 the memory the peer-with-checkpointing's answer used (its peak as ``autotune measure`` reads it, in this
-round), warm (the default) and, with ``--cold``, ``--no-warm``; then every answer measured again by
+round), warm (the default) and, with ``--cold``, ``--no-warm``; autotune's finder in the script's own
+process at the same budget (``@autotune.find_batch_size``, issue 44); then every answer measured again by
 ``autotune measure``, interleaved (resident peak, median samples/s of 10 steps). It prints each side's wall
 seconds, each answer's samples/s and peak, and autotune's ratios to the peer with checkpointing, with their
 spread over the rounds. Goal (issue 41): autotune's wall <= the peer-with-checkpointing's, its answer >= 1.0x
@@ -86,6 +87,17 @@ def tune(budget: int, warm: bool) -> dict:
     }
 
 
+def finder(budget: int) -> dict:
+    """``@autotune.find_batch_size`` at ``budget`` bytes in the script's own process (issue 44), in a fresh
+    cache dir: its answer and wall (the process's whole life: imports, the search, the answer)."""
+    cache = tempfile.mkdtemp(prefix="autotune-tta-find-")
+    proc, wall = timed([*SCRIPT, "--autotune-find", "--budget-bytes", str(budget), "--cache-dir", cache])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "wall": wall}
+    return {**json.loads(lines[-1]), "wall": wall}
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "-"
@@ -126,7 +138,7 @@ def main() -> None:
             lines.append(f"| {r} | peer+ckpt | its answer could not be measured | | | | |")
             continue
         budget = -(-budget // MiB) * MiB  # the peer's memory, up to the MiB
-        sides = {"autotune": tune(budget, warm=True)}
+        sides = {"autotune": tune(budget, warm=True), "autotune finder": finder(budget)}
         if args.cold:
             sides["autotune --no-warm"] = tune(budget, warm=False)
         print(f"round {r}: budget {budget // MiB} MiB: {sides}", flush=True)

@@ -24,6 +24,7 @@ LAYERS = (
     "autotune.cluster",  # trials placed on a cluster (Ray): a node's share, the executor
     "autotune.workers",  # jobs, the worker daemon, tune()
     "autotune.results",  # answers from the database: best, studies, show
+    "autotune.finder",  # a search inside the user's process: the decorator, the callbacks
     "autotune.api",  # the library API
     "autotune.cli",  # commands and rendering
 )

@@ -119,7 +119,7 @@ def prepare(model: M) -> M:
                 trial.probe = Probe(model, trial.request.batch_size, trial.request.check_plans)  # type: ignore[arg-type]
                 trial.plan_applied = "none"
             return model
-    if trial is not None and trial.sweep:
+    if trial is not None and (trial.sweep or trial.in_process):  # in-process: taken off after the trial
         return prepare_switchable(model, plan, trial)
     applied = apply_plan(model, plan)  # type: ignore[arg-type]
     if trial is not None:

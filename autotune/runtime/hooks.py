@@ -63,7 +63,7 @@ def _install_torch_hooks(torch: Any) -> None:
     assert trial is not None  # install() checked
 
     def on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
-        if trial.explicit_steps:
+        if trial.explicit_steps or current() is not trial:  # no trial now: after a search in-process
             return
         if trial.counted_optimizer is None:
             trial.counted_optimizer = id(optimizer)
@@ -72,7 +72,7 @@ def _install_torch_hooks(torch: Any) -> None:
             trial.step(None)
 
     def on_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and current() is trial:
             trial.forward(read_inputs(torch, args, kwargs, trial.request.batch_size))
 
     not_model: set[int] = set()  # modules with trainable parameters that no optimizer holds (alive)
@@ -91,9 +91,11 @@ def _install_torch_hooks(torch: Any) -> None:
                 not_model.update(id(m) for m in module.modules())
                 return
         handle.remove()
+        if current() is not trial:  # a search in-process is over (autotune.finder): apply_at_first_forward
+            return
         # its forwards are the trial's micro-batches, with their keyword arguments from now on (Hugging
         # Face models take theirs as input_ids=...)
-        module.register_forward_pre_hook(on_forward, with_kwargs=True)
+        _COUNTING.append(module.register_forward_pre_hook(on_forward, with_kwargs=True))
         on_forward(module, args, {})
         if trial.plan_applied is not None:
             return
@@ -122,6 +124,8 @@ def _install_torch_hooks(torch: Any) -> None:
         nonlocal handle
         if handle is not None:
             handle.remove()
+        while _COUNTING:  # a model trained on across runs (a callback's, in-process) is found again
+            _COUNTING.pop().remove()
         not_model.clear()  # ids of the last run's modules: a new object may take one
         handle = module_module.register_module_forward_pre_hook(on_first_forward)
 
@@ -129,7 +133,33 @@ def _install_torch_hooks(torch: Any) -> None:
     arm()
 
 
+def apply_at_first_forward() -> Callable[[], None]:
+    """Outside any trial (a finder's answer, autotune.finder): apply ``$AUTOTUNE_PLAN`` to the model found
+    at its first forward with gradients, as a trial's hook does (``prepare``, without a change to the
+    function). Returns what removes the hook if it has not fired."""
+    import torch
+    from torch.nn.modules import module as module_module
+
+    from autotune.backends.torch_model import find_model, trainable
+
+    not_model: set[int] = set()
+
+    def on_first_forward(module: Any, args: tuple[Any, ...]) -> None:
+        if id(module) in not_model or not torch.is_grad_enabled() or not trainable(module):
+            return
+        model = find_model(module)
+        if model is None:
+            not_model.update(id(m) for m in module.modules())
+            return
+        handle.remove()
+        prepare(model)
+
+    handle = module_module.register_module_forward_pre_hook(on_first_forward)
+    return handle.remove
+
+
 _ARMS: list[Callable[[], None]] = []  # arms the hook that finds the model at its first forward
+_COUNTING: list[Any] = []  # the hook counting the found model's forwards (its handle)
 
 
 def rearm() -> None:
@@ -156,7 +186,7 @@ def _hook_compile(torch: Any, trial: _Trial) -> None:
 
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
         trial.compiled = True
-        if not trial.request.probe:
+        if current() is not trial or not trial.request.probe:
             return compile_function(model, *args, **kwargs)
         return model if model is not None else (lambda fn: fn)  # as a decorator with options
 

@@ -73,5 +73,8 @@ def prepare_switchable(model: M, plan: Plan, trial: TrialState) -> M:
         held[0] = plan_applied(model, parse_plan(new))  # type: ignore[arg-type]
         return str(held[0].__enter__())
 
-    trial.switch = switch
+    def undo() -> None:
+        held[0].__exit__(None, None, None)
+
+    trial.switch, trial.undo_plan = switch, undo
     return model

@@ -75,6 +75,12 @@ class TrialState:
         # a warm process's later configurations (autotune.runtime.warm): the seconds its first one took to
         # start, which a fresh trial of this configuration would have taken too (how long it may measure on)
         self.process_startup = 0.0
+        # a search inside the user's own process (autotune.finder): the trial must never end the process,
+        # ``guard`` (its budget and time limits) runs before every step and forward, and ``undo_plan``
+        # takes the plan off the model afterwards (a callback's model is trained on after the search)
+        self.in_process = False
+        self.guard: Callable[[], None] | None = None
+        self.undo_plan: Callable[[], None] | None = None
 
     def measured_pressure(self) -> tuple[float, ...]:
         """The measured steps' CPU pressure, one per step (empty where any step's is unknown)."""

@@ -106,10 +106,12 @@ class _Trial(TrialState):
     def let_go(self) -> None:
         """Drop what this trial holds of the script's objects (its optimizer holds the model's parameters; a
         sweep's switch and a probe hold the model): a warm process returns to rest after the report."""
-        self.optimizer = self.probe = self.switch = None
+        self.optimizer = self.probe = self.switch = self.undo_plan = None
 
     def forward(self, inputs: Inputs | None = None) -> None:
         """One forward of the model being trained (the hooks call it), with what its inputs showed."""
+        if self.guard is not None:
+            self.guard()
         if self.counting:
             self.forwards += 1
             if inputs is not None:
@@ -117,8 +119,12 @@ class _Trial(TrialState):
 
     def step(self, samples: int | None) -> None:
         if self.finished:  # the script swallowed TrialComplete and kept going: stop it for good
+            if self.in_process:  # the user's own process (autotune.finder): never ended, told again
+                raise TrialComplete()
             flush_stdio()
             os._exit(EXIT_COMPLETE)
+        if self.guard is not None:
+            self.guard()
         if self.measured:  # past the measured steps: training on until the phases asked have run
             self._step_while_due()
             return
@@ -333,6 +339,13 @@ class _Trial(TrialState):
 
 _trial: _Trial | None = None
 _loaded = False
+
+
+def enter(trial: _Trial | None) -> None:
+    """A search inside the user's own process (autotune.finder): ``trial`` is the one this process runs
+    from now on; None: none (the hooks stay in, and only apply the answer's plan)."""
+    global _trial, _loaded
+    _trial, _loaded = trial, True
 
 
 def current() -> _Trial | None:

@@ -144,10 +144,9 @@ def resolve(
     limit = spec.budget.limit(device.total_bytes, spec.headroom)
     check_interpreter(spec.command, environ)  # before the probe: the command's python can run the script
     store = store or open_store(spec.storage_url)
-    workload = workload_of(spec.command, device, spec.backend)
-    store.add_workload(
-        workload.fingerprint, workload.script, str(spec.command), device.name, workload.details
-    )
+    workload = workload_of(spec.command, device, spec.backend, spec.function)
+    shown = str(spec.command) if spec.function is None else f"{spec.command} [in process: {spec.function}]"
+    store.add_workload(workload.fingerprint, workload.script, shown, device.name, workload.details)
     runner: Runner = (
         TrialRunner(
             spec.command, spec.backend, device, make_meter(device, nvml), spec.settings,

@@ -97,6 +97,10 @@ class TuneSpec:
     max_seq_len: int | None = None
     """The job's longest sequence length, where its trials cannot feed it (autotune.worst_case()): every
     peak is read at this length from the per-token memory the trials measured (autotune.search.longest)."""
+    function: str | None = None
+    """A search inside the user's own process (autotune.finder): the training function's qualified name.
+    Its workload is its own (the process holds more than the script's trial would), and no worker takes
+    its job: only that process can call the function."""
 
     def __post_init__(self) -> None:
         if self.trials < MIN_TRIALS:
@@ -197,6 +201,7 @@ class TuneSpec:
             "sweep": self.sweep,
             "warm": self.warm,
             "time_limit": self.time_limit,
+            "function": self.function,
         }
 
     @classmethod
@@ -231,6 +236,7 @@ class TuneSpec:
             sweep=data.get("sweep"),
             warm=bool(data.get("warm", True)),
             time_limit=data.get("time_limit"),
+            function=data.get("function"),
         )
 
 

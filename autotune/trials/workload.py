@@ -30,8 +30,11 @@ class Workload:
     details: dict[str, Any]  # everything hashed into the fingerprint except the script bytes
 
 
-def workload_of(command: TrialCommand, device: Device, backend: Backend | str) -> Workload:
-    """The fingerprint of running ``command`` on ``device`` with ``backend`` and the installed software."""
+def workload_of(
+    command: TrialCommand, device: Device, backend: Backend | str, function: str | None = None
+) -> Workload:
+    """The fingerprint of running ``command`` on ``device`` with ``backend`` and the installed software;
+    ``function``: a training function searched inside the script's own process (autotune.finder)."""
     script = command.script_path()
     details: dict[str, Any] = {
         "command": list(command.words) if command.is_template else list(command.words[1:]),
@@ -45,6 +48,8 @@ def workload_of(command: TrialCommand, device: Device, backend: Backend | str) -
         },
         "backend": str(backend),
     }
+    if function is not None:  # in the script's process: what it holds before the call is in every peak
+        details["in_process"] = function
     if worst_case_enabled(os.environ):  # trials of the longest inputs measure another workload
         details["worst_case"] = True
     ranks = command.world_size(len(device.members))

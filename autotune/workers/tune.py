@@ -34,6 +34,7 @@ from autotune.search.cost import Cost, default_limit
 from autotune.search.optuna_trials import records_of
 from autotune.search.reporting import Reporter, SilentReporter
 from autotune.search.resolve import ResolvedJob, resolve
+from autotune.search.runner import Executor
 from autotune.search.spec import TuneResult, TuneSpec
 from autotune.search.study import open_study
 from autotune.search.verify import verify
@@ -53,8 +54,11 @@ def tune(
     environ: Mapping[str, str] | None = None,
     reporter: Reporter | None = None,
     nvml: Any = None,
+    executor: Executor | None = None,
 ) -> TuneResult:
     """Find, verify and store the fastest configuration whose measured peak fits ``spec.budget``.
+    ``executor``: where trials run when not in processes of their own here (autotune.finder: the caller's
+    process); ``--executor ray`` is the spec's.
 
     Raises:
         InputError, DeviceError: bad spec or device. StorageError: the database.
@@ -64,15 +68,22 @@ def tune(
     env = dict(os.environ if environ is None else environ)
     started = time.monotonic()
     with InterruptShield() as shield:  # from the probe on: a Ctrl-C stops a trial cleanly, never a write
-        result = _tune(spec, env, reporter, nvml, shield)
+        result = _tune(spec, env, reporter, nvml, shield, executor)
     return dataclasses.replace(result, seconds=time.monotonic() - started)
 
 
 def _tune(
-    spec: TuneSpec, env: dict[str, str], reporter: Reporter, nvml: Any, shield: InterruptShield
+    spec: TuneSpec,
+    env: dict[str, str],
+    reporter: Reporter,
+    nvml: Any,
+    shield: InterruptShield,
+    executor: Executor | None,
 ) -> TuneResult:
     worker = worker_id()
     key = load_key(env) or JobKey.of_this_run()  # checked before the probe; signs the job its helpers run
+    if executor is not None:
+        return _tune_on(spec, env, reporter, nvml, shield, worker, key, None, executor)
     with _executor(spec, env, reporter, nvml) as cluster:
         return _tune_on(spec, env, reporter, nvml, shield, worker, key, cluster)
 
@@ -86,9 +97,10 @@ def _tune_on(
     worker: str,
     key: JobKey,
     cluster: RayCluster | None,
+    executor: Executor | None = None,
 ) -> TuneResult:
     started = time.monotonic()
-    job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=cluster)
+    job = resolve(spec, env, reporter, nvml, worker, shield=shield, executor=executor or cluster)
     resolved = time.monotonic()
     for line in job.left_out(named=True):
         reporter.note(line)
@@ -115,7 +127,7 @@ def _tune_on(
         reporter.note(
             f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
         )
-    helpers = _helper_devices(spec, job.device, env, nvml) if cluster is None else ()
+    helpers = _helper_devices(spec, job.device, env, nvml) if cluster is None and executor is None else ()
     with (
         Heartbeat(job.store, worker),
         _helping(spec, name, helpers, env, reporter, nvml, key, cost),

@@ -184,6 +184,7 @@ class Worker:
                     for j in self.store.jobs(states=(JobState.OPEN, JobState.RUNNING))
                     if (self.only is None or j.study_name in self.only)
                     and j.study_name not in self.summary.refused
+                    and not j.spec.get("function")  # searched in its user's process: only it can run it
                 ]
                 if not jobs and self.once:
                     return
