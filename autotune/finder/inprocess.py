@@ -183,7 +183,7 @@ class InProcessRunner:
         if interrupted:
             return_to_rest()
             raise TrialInterrupted() if isinstance(error, KeyboardInterrupt) else error  # type: ignore[misc]
-        error = None
+        error = None  # its frames cleared, the error itself let go: the collection at rest takes the rest
         return_to_rest()
         self._at_rest(reading)
         return self._result(request, folder, memory, guard, before, cpu)
