@@ -1,6 +1,7 @@
 """Issue 31's comparison on one GPU: ``autotune run`` beside Accelerate's ``find_executable_batch_size``
 without and with checkpointing, on a GPT-2 medium-class model (bench/gpt2_train.py, a budget where no
-recompute fits batch ~2: 12 GiB) and on examples/gpt.py at 3 GiB.
+recompute fits batch ~2: 12 GiB) and on examples/gpt.py at 3 GiB; on GPT-2 also autotune's finder in the
+script's own process (``@autotune.find_batch_size``, issue 44: gpt2_train.py --autotune-find).
 
 For each case: each tuner's tries (autotune: its counted trials, and how many were over the budget) and wall
 seconds, then each answer measured again, interleaved and repeated (``autotune measure``: NVML's peak, the
@@ -44,6 +45,9 @@ class Case:
     checkpointed: tuple[list[str], str]  # the peer-with-checkpointing's answer as autotune measures it
     trials: int = 8
     lines: list[str] = field(default_factory=list)
+    # autotune's finder in the script's own process (@autotune.find_batch_size, issue 44): the command that
+    # prints its answer as one JSON line (None: the case has none)
+    finder: list[str] | None = None
 
 
 def cases(quick: bool) -> dict[str, Case]:
@@ -57,6 +61,7 @@ def cases(quick: bool) -> dict[str, Case]:
             [*gpt2, "--batch-size", "{batch_size}"],
             [*gpt2, "--find", "--start", "64", "--budget-bytes", str(gpt2_budget * GiB)],
             ([*gpt2, "--batch-size", "{batch_size}", "--checkpointing"], "none"),
+            finder=[*gpt2, "--autotune-find", "--budget-bytes", str(gpt2_budget * GiB)],
         ),
         "gpt": Case(
             "gpt", "3GiB", 3 * GiB,
@@ -82,12 +87,16 @@ def autotune(*argv: str, timeout: float = 900) -> tuple[subprocess.CompletedProc
 
 
 def peer(case: Case, checkpointing: bool) -> dict:
-    argv = [*case.peer, *(["--checkpointing"] if checkpointing else [])]
+    return peer_like([*case.peer, *(["--checkpointing"] if checkpointing else [])])
+
+
+def peer_like(argv: list[str], timeout: float = 300) -> dict:
+    """A finder run as a command that prints its answer as its last line (JSON), with its wall seconds."""
     started = time.monotonic()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": "no answer in 300 s", "wall": time.monotonic() - started}
+        return {"error": f"no answer in {timeout:.0f} s", "wall": time.monotonic() - started}
     wall = time.monotonic() - started
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"], "wall": wall}
@@ -166,6 +175,17 @@ def run_case(
             and t["samples_per_sec"]
             and (t["peak_bytes"] or 0) <= data["limit_bytes"]
         ]
+    if case.finder is not None and time.monotonic() < deadline:
+        cache = tempfile.mkdtemp(prefix="autotune-bench-find-")
+        finder = peer_like(
+            [*case.finder, "--cache-dir", cache], timeout=min(240.0, deadline - time.monotonic())
+        )
+        say(f"{case.name}: autotune finder: {finder}")
+        out.append(
+            f"- autotune finder (@autotune.find_batch_size in the script's process): {json.dumps(finder)}"
+        )
+        if "batch_size" in finder:
+            answers["autotune finder"] = (case.script, finder["batch_size"], finder["plan"])
     answers.update({name: found[name] for name in ("peer+ckpt", "peer") if name in found})
     readings: dict[str, list[dict]] = {name: [] for name in answers}
     for r in range(rounds):  # interleaved: each answer once per round, in turn
@@ -192,20 +212,22 @@ def run_case(
             for reading in readings[name]:
                 if reading.get("speed") and reading.get("fits"):
                     fitting_seen.append((reading["speed"], f"{plan}@{batch}{flag} ({name})"))
-    if medians.get("autotune"):
+    for side in ("autotune", "autotune finder"):
+        if not medians.get(side):
+            continue
         for name in ("peer", "peer+ckpt"):
-            ours = [x["speed"] for x in readings["autotune"] if x.get("speed")]
+            ours = [x["speed"] for x in readings[side] if x.get("speed")]
             theirs = [x["speed"] for x in readings.get(name, []) if x.get("speed")]
             if ours and theirs:
                 ratios = [a / b for a, b in zip(ours, theirs, strict=False)]  # rounds cut by the deadline
                 out.append(
-                    f"- autotune / {name}: {statistics.median(ratios):.3f} (rounds: "
+                    f"- {side} / {name}: {statistics.median(ratios):.3f} (rounds: "
                     f"{', '.join(f'{x:.3f}' for x in ratios)})"
                 )
         if fitting_seen:
             best, which = max(fitting_seen)
-            out.append(f"- autotune / best measured under the limit ({which}, {best:.1f}): "
-                       f"{medians['autotune'] / best:.3f}")  # fmt: skip
+            out.append(f"- {side} / best measured under the limit ({which}, {best:.1f}): "
+                       f"{medians[side] / best:.3f}")  # fmt: skip
 
 
 def main() -> None:
