@@ -145,7 +145,7 @@ def resolve(
     check_interpreter(spec.command, environ)  # before the probe: the command's python can run the script
     store = store or open_store(spec.storage_url)
     workload = workload_of(spec.command, device, spec.backend, spec.function)
-    shown = str(spec.command) if spec.function is None else f"{spec.command} [in process: {spec.function}]"
+    shown = str(spec.command) if spec.function is None else f"[in process: {spec.function}] {spec.command}"
     store.add_workload(workload.fingerprint, workload.script, shown, device.name, workload.details)
     runner: Runner = (
         TrialRunner(

@@ -50,6 +50,13 @@ def test_the_decorator_searches_in_its_process_then_trains_at_the_answer_with_it
     assert all(r[2] == "complete" for r in first["records"])
     assert first["trial_env"] == {}  # no trial left behind for a process the training starts
     assert "autotune: batch 32, plan Block:1: " in lines and "budget 900MB" in lines
+    listed = subprocess.run(
+        [AUTOTUNE, "studies", "--json", "--cache-dir", str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+    )
+    (study,) = json.loads(listed.stdout)  # a study of its own, said to be searched in the script's process
+    assert study["command"].startswith("[in process: __main__.train] ") and study["state"] == "done"
     again, lines = found(tmp_path, budget="900MB", batch_sizes="32", plans=["Block:1"])
     assert again["cached"] and again["calls"] == [32]  # zero trials: the answer from the database
     assert "from the database, zero trials" in lines
