@@ -76,13 +76,7 @@ def find_batch_size(
         from autotune.core.errors import InputError
 
         raise InputError(f"find_batch_size takes its options by name (budget=...), got {function!r}")
-    unknown = set(options) - set(FinderOptions.__dataclass_fields__)
-    if unknown:
-        from autotune.core.errors import InputError
-
-        known = ", ".join(FinderOptions.__dataclass_fields__)
-        raise InputError(f"find_batch_size: unknown option {sorted(unknown)[0]!r}; one of {known}")
-    chosen = FinderOptions(**options)
+    chosen = FinderOptions.of("find_batch_size", options)
     if function is not None:
         return Tuned(function, chosen)
     return lambda f: Tuned(f, chosen)

@@ -21,7 +21,6 @@ the TuneResult.
 from __future__ import annotations
 
 import functools
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import DefaultFlowCallback
 
 from autotune.core.errors import InputError
-from autotune.finder.search import FinderOptions, answer_environment, search_in_process
+from autotune.finder.search import FinderOptions, answer_environment, running_script, search_in_process
 
 # what the search sets on TrainingArguments, and to what: no checkpoint, evaluation or log line per trial,
 # no progress bar, and steps enough for any trial (autotune ends each one)
@@ -50,11 +49,7 @@ class AutotuneCallback(TrainerCallback):
     autotune.finder.search.FinderOptions' (``budget``: None, the device's memory)."""
 
     def __init__(self, **options: Any) -> None:
-        unknown = set(options) - set(FinderOptions.__dataclass_fields__)
-        if unknown:
-            known = ", ".join(FinderOptions.__dataclass_fields__)
-            raise InputError(f"AutotuneCallback: unknown option {sorted(unknown)[0]!r}; one of {known}")
-        self.options = FinderOptions(**options)
+        self.options = FinderOptions.of("AutotuneCallback", options)
         self.answer: Any = None  # the TuneResult, once found
         _wrap_train()
 
@@ -100,7 +95,7 @@ class AutotuneCallback(TrainerCallback):
 
             try:
                 return search_in_process(
-                    train_at, type(trainer.model), self.options, _name(trainer), _script()
+                    train_at, type(trainer.model), self.options, _name(trainer), running_script()
                 )
             finally:
                 trainer.is_in_train = False
@@ -167,8 +162,3 @@ def _typed(args: Any, name: str, value: Any) -> Any:
 
 def _name(trainer: Trainer) -> str:
     return f"hf-trainer:{type(trainer.model).__name__}"
-
-
-def _script() -> str | None:
-    main = sys.argv[0] if sys.argv else ""
-    return str(Path(main).resolve()) if main and Path(main).is_file() else None

@@ -179,7 +179,7 @@ class InProcessRunner:
         if error is not None:
             traceback.clear_frames(error.__traceback__)  # its frames hold the model and its tensors
         trial.let_go()
-        memory = reading.stop(trial)
+        memory = reading.stop()
         if interrupted:
             return_to_rest()
             raise TrialInterrupted() if isinstance(error, KeyboardInterrupt) else error  # type: ignore[misc]
@@ -282,7 +282,7 @@ class _Reading:
         self.by_step[steps] = max(self.by_step.get(steps, 0), peak)
         return peak
 
-    def stop(self, trial: _Trial) -> MemoryReading:
+    def stop(self) -> MemoryReading:
         if self.meter is None:
             peak = rss_high_water() or 0
             report = max(self.by_step.values(), default=0)

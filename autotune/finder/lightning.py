@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import uuid
 from copy import deepcopy
-from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import InputError
-from autotune.finder.search import FinderOptions, answer_environment, search_in_process
+from autotune.finder.search import FinderOptions, answer_environment, running_script, search_in_process
 
 try:
     import lightning.pytorch as pl
@@ -41,12 +39,8 @@ class AutotuneFinder(pl.Callback):
     autotune.finder.search.FinderOptions' (``budget``: None, the device's memory)."""
 
     def __init__(self, batch_arg_name: str = "batch_size", **options: Any) -> None:
-        unknown = set(options) - set(FinderOptions.__dataclass_fields__)
-        if unknown:
-            known = ", ".join(FinderOptions.__dataclass_fields__)
-            raise InputError(f"AutotuneFinder: unknown option {sorted(unknown)[0]!r}; one of {known}")
         self.batch_arg_name = batch_arg_name
-        self.options = FinderOptions(**options)
+        self.options = FinderOptions.of("AutotuneFinder", options)
         self.answer: Any = None  # the TuneResult, once found
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str | None = None) -> None:
@@ -106,7 +100,7 @@ class AutotuneFinder(pl.Callback):
             loop.run()
 
         try:
-            return search_in_process(train, type(pl_module), self.options, _name(pl_module), _script())
+            return search_in_process(train, type(pl_module), self.options, _name(pl_module), running_script())
         finally:
             trainer.loggers, trainer.callbacks = saved["loggers"], saved["callbacks"]
             loop.epoch_loop.max_steps = saved["max_steps"]
@@ -148,9 +142,3 @@ def _reset_progress(trainer: pl.Trainer) -> None:
 def _name(pl_module: pl.LightningModule) -> str:
     cls = type(pl_module)
     return f"lightning:{cls.__module__}.{cls.__qualname__}"
-
-
-def _script() -> str | None:
-    """The running script (its arguments shape the model as much as the module's class does)."""
-    main = sys.argv[0] if sys.argv else ""
-    return str(Path(main).resolve()) if main and Path(main).is_file() else None

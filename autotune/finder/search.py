@@ -53,6 +53,18 @@ class FinderOptions:
     settings: TrialSettings = field(default_factory=TrialSettings)
     quiet: bool = False
 
+    @classmethod
+    def of(cls, who: str, options: dict[str, Any]) -> FinderOptions:
+        """``options`` as given to ``who`` (a finder's name, for the message).
+
+        Raises:
+            InputError: an unknown option, before anything runs."""
+        known = cls.__dataclass_fields__
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InputError(f"{who}: unknown option {unknown[0]!r}; one of {', '.join(known)}")
+        return cls(**options)
+
     def spec(self, function: str, script: str) -> TuneSpec:
         """The job: the script that defines ``function`` (its arguments too where it is the one running)."""
         args = sys.argv[1:] if sys.argv and _same_file(sys.argv[0], script) else []
@@ -155,6 +167,13 @@ def answer_environment(result: TuneResult) -> None:
     os.environ[BATCH_SIZE_ENV] = str(result.best.batch_size)
     os.environ[PLAN_ENV] = result.best.plan
     os.environ[GRAD_ACCUM_ENV] = str(result.grad_accum or 1)
+
+
+def running_script() -> str | None:
+    """The script this process runs (a callback's workload: its arguments shape the model as much as the
+    model's class does); None where there is none (an interpreter, a notebook)."""
+    main = sys.argv[0] if sys.argv else ""
+    return str(Path(main).resolve()) if main and Path(main).is_file() else None
 
 
 def _script_of(function: Callable[..., Any]) -> str:
