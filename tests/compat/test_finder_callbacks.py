@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SCRIPTS
+from conftest import SCRIPTS
 
 pytestmark = pytest.mark.compat
 # short trials of a fixed length: the search's own rules are tested elsewhere, on the CLI's trials

@@ -16,7 +16,7 @@ import autotune
 from autotune.core.errors import InputError
 from autotune.hardware.devices import resolve_trial_device
 from autotune.hardware.nvml import nvml_loader
-from tests.conftest import AUTOTUNE, SCRIPTS
+from conftest import AUTOTUNE, SCRIPTS
 
 SCRIPT = SCRIPTS / "finder_train.py"
 # short trials of a fixed length: the search's own rules are tested elsewhere, on the CLI's trials

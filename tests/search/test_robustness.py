@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -132,7 +133,9 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     its slow reading (issue 42: rivals by the model, not by raw readings), alone, once (a third reading,
     undisturbed: verify._decided); the answer is the median of its three readings (the search's counts: its
     two longer ones disagree among themselves, so they overrule nothing, however slow a loaded CI made the
-    second: noise.overruled), with a line on how noisy the tuning was."""
+    second: noise.overruled), with a line on how noisy the tuning was. On a loaded machine the search may read
+    it more than once (its readings disagreed), and the slowed reading is then the search's own: the same
+    rules hold over whichever readings it took."""
     data = tune(
         tmp_path,
         "--budget 290MiB --trials 10 --plans none --batch-sizes 1-128 --steps 3 --warmup-steps 1 --device cpu",
@@ -144,14 +147,24 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     # once more (a second time only where a loaded CI's step times disturbed the first: verify._decided)
     assert checks in ([(24, "none")] * 2, [(24, "none")] * 3)
     assert (data["batch_size"], data["plan"]) == (24, "none")
-    speeds = sorted(r.samples_per_sec or 0 for r in records if (r.batch_size, r.plan) == (24, "none"))
-    n = len(speeds)
-    assert n == 1 + len(checks) and speeds[-1] / speeds[0] > 2 and data["readings"] == n
-    assert (
-        speeds[(n - 1) // 2] <= data["samples_per_sec"] <= speeds[n // 2]
-    )  # their median, not the mean of two
-    assert data["certainty"].startswith("readings of one configuration varied 2.")
-    assert data["certainty"].endswith(f"between trials: the answer was measured {n} times")
+    read = [r for r in records if r.config == (24, "none") and r.outcome is Outcome.COMPLETE]
+    # one search reading; more where a loaded machine's readings of it disagreed within the search (the
+    # slowed one, its second, is then a search re-measurement: CI's busy workers made one)
+    searched = sum(r.kind is TrialKind.MEASURED for r in read)
+    assert len(read) == searched + len(checks) and all(r.kind is TrialKind.MEASURED for r in read[:searched])
+    speeds = sorted(r.samples_per_sec or 0 for r in read)
+    # 2.5x the step's sleep; the script's own work is not slowed, and a loaded machine's shares of the CPU
+    # narrow it further (1.95x at load 6 on 2 cores)
+    assert speeds[-1] / speeds[0] > 1.5
+    counted = sorted(r.samples_per_sec or 0 for r in read if r.number not in overruled(records))
+    n = len(counted)
+    assert data["readings"] == n and (searched > 1 or n == len(read))
+    assert counted[(n - 1) // 2] <= data["samples_per_sec"] <= counted[n // 2]  # their median, not a mean
+    varied = re.fullmatch(
+        r"readings of one configuration varied (\d+\.\d)x between trials(; .*)?: the answer was measured (\d+) times",
+        data["certainty"],
+    )
+    assert varied and float(varied[1]) >= 1.5 and int(varied[3]) == len(read)
 
 
 def test_a_verification_peak_over_the_limit_among_readings_under_it_is_measured_again(tmp_path) -> None:
@@ -159,7 +172,8 @@ def test_a_verification_peak_over_the_limit_among_readings_under_it_is_measured_
     verification (limit 634), and the old rule dropped it, then its next configuration, for a batch 64 at
     0.57 of the optimum. One reading over the limit among readings under it is the meter's noise as often
     as the configuration's: here none@24's verification holds 100 MiB more; its peaks split one to one, it
-    is measured once more, longer, and fits by the majority (two of three): the answer stays none@24."""
+    is measured once more, longer, and fits by the majority (two of three): the answer stays none@24 (where a
+    loaded machine's search read it twice, both under the limit, the majority fits without that run)."""
     data = tune(
         tmp_path,
         "--budget 290MiB --trials 10 --plans none --batch-sizes 1-128 --steps 3 --warmup-steps 1 --device cpu",
@@ -169,7 +183,11 @@ def test_a_verification_peak_over_the_limit_among_readings_under_it_is_measured_
     records = trials(tmp_path)
     limit = int(290 * MiB * 0.95)
     checks = [(r.batch_size, str(r.outcome)) for r in records if r.kind is TrialKind.VERIFICATION]
-    assert checks[:2] == [(24, "over-budget"), (24, "complete")]
+    searched = [r for r in records if r.config == (24, "none") and r.kind is TrialKind.MEASURED]
+    if len(searched) == 1:  # one search reading under the limit, one verification over it: measured again
+        assert checks[:2] == [(24, "over-budget"), (24, "complete")]
+    else:  # a loaded machine's search read it again (its speeds disagreed): the majority already fits
+        assert checks[0] == (24, "over-budget") and all(r.fits(limit) for r in searched)
     # a loaded machine's readings of the winner may disagree: its speed is read again, and its rival's
     # (batch 4, as in test_a_verification_that_contradicts_its_search_reading_...), each reading complete
     assert {outcome for _, outcome in checks[2:]} <= {"complete"}
