@@ -8,7 +8,9 @@ EMA copy and a feature extractor without trainable parameters are not part of it
 collector's list of live objects once per trial, at the first forward with gradients on of a module with
 trainable parameters that an optimizer holds (or of any such module, before the script has an optimizer).
 
-A model of one tree is that module (the common case: names and plans exactly as before). A model of several
+A model of one tree is that module (the common case: names and plans exactly as before). A tree whose own
+forward the script never calls (a LightningModule whose ``training_step`` calls ``self.net(x)``) is the
+parts it calls (:func:`called_parts`). A model of several
 is a :class:`Whole`: a container that holds the trees as children (named by their classes) so that one plan
 covers them all (``TransformerEncoderLayer:0.5`` takes half the layers of every tree together), one probe sees
 them all, and their candidates are counted together. It is never called: the script calls its trees.
@@ -85,11 +87,32 @@ def find_model(first: nn.Module) -> nn.Module | None:
     # A stable order for the plan's ratios across trials: by class name, then size (gc's own order follows
     # the collector's history, which a trial's data can change).
     others.sort(key=lambda t: (type(t).__name__, sum(p.numel() for p in t.parameters())))
-    owned = {id(p) for p in home.parameters()}
-    distinct = [home]
+    distinct = called_parts(home, first)
+    owned = {id(p) for part in distinct for p in part.parameters()}
     for tree in others:  # a tree whose parameters another holds already (tied weights) adds nothing
         params = {id(p) for p in tree.parameters()}
         if params - owned:
             distinct.append(tree)
             owned |= params
     return distinct[0] if len(distinct) == 1 else Whole(distinct)
+
+
+def called_parts(home: nn.Module, first: nn.Module) -> list[nn.Module]:
+    """The parts of the tree ``home`` the script calls, ``first`` first (the first of them to run). Where
+    ``first`` is ``home``, home. Where it is a part of it, home's own forward is not running (its hook would
+    have fired first and found the model then): the script calls its parts, as a LightningModule's
+    ``training_step`` calls ``self.net(x)`` and never ``self(x)``, and hooks on home would never see a
+    forward (the probe's, the micro-batch count). Its parts are then ``first`` and the trainable children of
+    each module on the way from home down to it, in home's order: plans cover their blocks as they covered
+    home's (home's own parameters, outside every child, are left out of the probe's weights)."""
+    if first is home:
+        return [home]
+    order = {id(m): i for i, m in enumerate(home.modules())}
+    parts: list[nn.Module] = []
+    node = home
+    while node is not first:
+        children = list(node.children())
+        on_path = next(c for c in children if any(m is first for m in c.modules()))
+        parts += [c for c in children if c is not on_path and trainable(c)]
+        node = on_path
+    return [first, *sorted(parts, key=lambda m: order[id(m)])]

@@ -51,9 +51,36 @@ def test_one_tree_is_the_model_itself_and_a_wrapper_is_its_tree() -> None:
     emb, body, head = three()
     model = nn.Sequential(emb, body, head)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert find_model(emb) is model  # a submodule's first forward: the tree it is in
-    compiled = torch.compile(model, backend="eager")
-    assert find_model(model) is compiled  # the wrapper holds the model: the tree is the wrapper
+    assert find_model(model) is model
+    compiled = torch.compile(model, backend="eager")  # called, it is the first module to run a forward
+    assert find_model(compiled) is compiled  # the wrapper holds the model: the tree is the wrapper
+    del optimizer
+
+
+class Container(nn.Module):
+    """A LightningModule's shape: its training step calls its parts, never its own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.extra = nn.Embedding(50, 16), nn.Sequential(Body(), nn.Linear(16, 50))
+        self.loss = nn.CrossEntropyLoss()  # no parameters: no part
+
+
+def test_a_tree_whose_own_forward_is_not_called_is_the_parts_the_script_calls() -> None:
+    """A submodule's forward is the first (the tree's own would have run first and been found): the tree's
+    own forward is not running, and the model is its parts, the first called first, then the trainable
+    children on the way down to it, in the tree's order (the probe's hooks see their forwards)."""
+    only = nn.Sequential(Body())  # one trainable part: the part itself
+    optimizer = torch.optim.SGD(only.parameters(), lr=0.1)
+    assert find_model(only[0]) is only[0]
+    del optimizer, only
+    model = Container()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    body, head = model.extra
+    found = find_model(body)
+    assert isinstance(found, Whole) and trees_of(found) == [body, model.emb, head]
+    assert {c.cls: c.count for c in find_candidates(found)} == {"Block": 4}
+    assert find_model(model.emb) is not None and trees_of(find_model(model.emb)) == [model.emb, model.extra]
     del optimizer
 
 

@@ -26,8 +26,15 @@ COMMAND = [sys.executable, SCRIPT, "--batch-size", "{batch_size}"]
 MiB = 2**20
 
 
-def test_the_probe_and_a_plan_cover_every_module_the_optimizer_trains(tmp_path: Path) -> None:
-    probed = api.probe(COMMAND, batch_size=4, device="cpu", cache_dir=tmp_path)
+@pytest.mark.parametrize("container", [False, True], ids=["trees", "container"])
+def test_the_probe_and_a_plan_cover_every_module_the_optimizer_trains(
+    tmp_path: Path, container: bool
+) -> None:
+    """``container``: the three are one module's parts, called one by one, never the module itself (a
+    LightningModule's training_step calling ``self.net(x)``): the probe saw no forward of the module and
+    checked no plan ("the script trained too few steps"); it sees the parts as it sees three trees."""
+    command = [*COMMAND, "--container"] if container else COMMAND
+    probed = api.probe(command, batch_size=4, device="cpu", cache_dir=tmp_path)
     assert probed.outcome is Outcome.COMPLETE, probed.error
     report = probed.probe
     assert report is not None
@@ -39,11 +46,13 @@ def test_the_probe_and_a_plan_cover_every_module_the_optimizer_trains(tmp_path: 
         ("MultiheadAttention", 4),
     }
     assert report.activation_bytes > 4 * 64 * 128 * 4 * 4  # the body's layers keep several per token
+    checked = {c.plan: c.ok for c in report.checks}
+    assert "TransformerEncoderLayer:1" in checked and all(checked.values()), report.checks
 
     peaks = {}
     for plan in ("none", "TransformerEncoderLayer:1"):
         spec = measure_spec(
-            COMMAND, 48, plan=plan, device="cpu", cache_dir=tmp_path,
+            command, 48, plan=plan, device="cpu", cache_dir=tmp_path,
             settings=TrialSettings(warmup_steps=1, measured_steps=2),
         )  # fmt: skip
         result = api.measure(spec, environ=DETERMINISTIC_CPU_ALLOCATOR)
