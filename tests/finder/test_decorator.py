@@ -16,6 +16,7 @@ import autotune
 from autotune.core.errors import InputError
 from autotune.hardware.devices import resolve_trial_device
 from autotune.hardware.nvml import nvml_loader
+
 from conftest import AUTOTUNE, SCRIPTS
 
 SCRIPT = SCRIPTS / "finder_train.py"
