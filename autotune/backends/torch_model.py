@@ -10,9 +10,10 @@ trainable parameters that an optimizer holds (or of any such module, before the 
 
 A model of one tree is that module (the common case: names and plans exactly as before); a tree whose own
 forward the script never calls (a LightningModule whose ``training_step`` calls ``self.net(x)``) is the
-parts it calls (:func:`called_parts`). A model of several is a :class:`Whole`: a container that holds the trees as children (named by their classes) so that one plan
-covers them all (``TransformerEncoderLayer:0.5`` takes half the layers of every tree together), one probe sees
-them all, and their candidates are counted together. It is never called: the script calls its trees.
+parts it calls (:func:`called_parts`). A model of several is a :class:`Whole`: a container that holds the
+trees as children (named by their classes) so that one plan covers them all (``TransformerEncoderLayer:0.5``
+takes half the layers of every tree together), one probe sees them all, and their candidates are counted
+together. It is never called: the script calls its trees.
 """
 
 from __future__ import annotations
