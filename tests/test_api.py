@@ -19,7 +19,7 @@ from conftest import SYNTHETIC, MiB, in_a_fresh_interpreter
 # three times as long per sample (at equal batch size ~40% slower: no rival to re-measure, even under load).
 ARGS = "--base-mib 20 --per-sample-mib 8 --step-seconds 0.02 --per-sample-seconds 0.0005".split()
 ARGS += ["--plan-effects", "A=0.5:2"]
-QUICK = autotune.TrialSettings(warmup_steps=1, measured_steps=2)
+QUICK = autotune.TrialSettings(warmup_steps=1, measured_steps=2, tight=0)  # fixed lengths
 
 
 def spec(cache: Path, budget: str = "290MiB", **options: object) -> autotune.TuneSpec:

@@ -161,7 +161,7 @@ def test_compile_plans_train_with_the_loss_and_gradients_of_no_plan_in_real_tria
     """Real trials of a script that calls torch.compile itself (inductor): the budget is set as torch is
     imported, and three budgets give no plan's loss and gradients within 1e-5 (generated kernels may round
     differently from one partition to another; no dropout, see the check above)."""
-    settings = TrialSettings(warmup_steps=1, measured_steps=1)
+    settings = TrialSettings(warmup_steps=1, measured_steps=1, tight=0)  # numbers, not speed
     results = {}
     for plan in ("none", "compile:0", "compile:0.4", "compile:0.8"):
         out = tmp_path / f"{plan.replace(':', '-')}.pt"

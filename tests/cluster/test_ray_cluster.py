@@ -217,14 +217,15 @@ def test_a_two_node_trial_is_measured_on_both_nodes(tmp_path: Path, cluster: Loc
     )
 
 
-def _driver(tmp_path: Path, address: str, *flags: str) -> subprocess.Popen[str]:
-    """`autotune run --executor ray` in a process of its own, CPU trials of the synthetic script."""
+def _driver(tmp_path: Path, address: str, *flags: str, startup: float = 3) -> subprocess.Popen[str]:
+    """`autotune run --executor ray` in a process of its own, CPU trials of the synthetic script, each
+    sleeping `startup` seconds before its first step."""
     return subprocess.Popen(
         [
             AUTOTUNE, "run", "--budget", "1GiB", "--device", "cpu", "--executor", "ray", "--ray-address", address,
             "--trials", "6", "--batch-sizes", "1,2,4,8", "--plans", "none", "--warmup-steps", "1", "--steps", "3",
             "--study", "ray", "--cache-dir", str(tmp_path / "cache"), *flags, "--",
-            "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.3", "--startup-seconds", "3",
+            "python", str(SYNTHETIC), "--per-sample-mib", "10", "--step-seconds", "0.3", "--startup-seconds", str(startup),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -251,13 +252,17 @@ def test_a_node_lost_mid_trial_is_retried_once_and_the_study_completes(
     interrupted (never out of memory), its configuration runs once more on the node that is left, and the
     study completes with no duplicate and nothing left RUNNING."""
     cluster.add("a", cpus=1)
-    driver = _driver(tmp_path, cluster.address)
+    # Starting node b takes seconds, more on a busy machine (CI's, beside another phase, once outlasted a
+    # trial of 3 s start-up and 4 steps: node a was removed with no trial on it): a start-up long enough to
+    # be mid-trial still when it goes.
+    driver = _driver(tmp_path, cluster.address, startup=20)
     try:
-        _measured_trial_running(tmp_path / "cache")
+        running = _measured_trial_running(tmp_path / "cache")
         cluster.add("b", cpus=1)
+        assert not (running / "report.json").exists(), "the trial ended before node b had started"
         lost_at = time.time()
         cluster.remove("a")
-        out, _ = driver.communicate(timeout=180)
+        out, _ = driver.communicate(timeout=300)
     finally:
         driver.kill()
     assert driver.returncode == 0, out

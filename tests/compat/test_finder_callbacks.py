@@ -25,6 +25,9 @@ def fitted(script: str, tmp_path: Path, *extra: str, **options: Any) -> dict[str
     out = tmp_path / "out.json"
     options.setdefault("cache_dir", str(tmp_path / "cache"))
     options.setdefault("settings", SHORT)
+    # the probe, one reading per configuration and the winner's verification: a re-measurement's rules
+    # (a busy machine's disagreeing readings) are the search's, tested on the CLI's trials
+    options.setdefault("trials", 2 + len(str(options.get("batch_sizes", "")).split(",")))
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / script), json.dumps(options), *extra, str(out)],
         capture_output=True,

@@ -28,7 +28,11 @@ def measure(accumulation_option: str, **accumulation: int) -> TrialResult:
     command = [sys.executable, TRAINER, "--seq", "64", "--per_device_train_batch_size", "{batch_size}"]
     command += ["--gradient_accumulation_steps", accumulation_option]
     spec = measure_spec(
-        command, 8, device="cpu", settings=TrialSettings(warmup_steps=1, measured_steps=3), **accumulation
+        command,
+        8,
+        device="cpu",
+        settings=TrialSettings(warmup_steps=1, measured_steps=3, tight=0),
+        **accumulation,
     )
     return api.measure(spec)
 
@@ -78,7 +82,7 @@ def test_a_trainer_s_own_gradient_checkpointing_is_said_and_kept_in_the_answer(t
     command.append("--gradient_checkpointing")
     spec = tune_spec(
         command, "4GiB", batch_sizes="2", plans=["none"], trials=2, device="cpu", cache_dir=tmp_path,
-        settings=TrialSettings(warmup_steps=1, measured_steps=2),
+        settings=TrialSettings(warmup_steps=1, measured_steps=2, tight=0),
     )  # fmt: skip
     result = api.tune(spec)
     owns = {r.own_checkpointing for r in result.records if r.outcome is Outcome.COMPLETE}
@@ -109,7 +113,7 @@ def test_a_trainer_with_its_own_gradient_checkpointing_is_offered_turning_it_off
     assert [c.ok for c in probed.probe.checks if c.plan == "own:off"] == [True]
     spec = measure_spec(
         command, 2, plan="own:off", device="cpu", cache_dir=tmp_path,
-        settings=TrialSettings(warmup_steps=1, measured_steps=2),
+        settings=TrialSettings(warmup_steps=1, measured_steps=2, tight=0),
     )  # fmt: skip
     off = api.measure(spec)
     assert off.outcome is Outcome.COMPLETE and off.plan == "own:off", off.error

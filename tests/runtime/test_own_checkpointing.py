@@ -22,7 +22,7 @@ SCRIPT = str(Path(__file__).parents[1] / "scripts" / "own_checkpoint.py")
 def _own(tmp_path: Path, plan: str, *args: str) -> str | None:
     spec = measure_spec(
         [SCRIPT, *args], 8, plan=plan, device="cpu", cache_dir=tmp_path,
-        settings=TrialSettings(warmup_steps=1, measured_steps=2),
+        settings=TrialSettings(warmup_steps=1, measured_steps=2, tight=0),
     )  # fmt: skip
     result = api.measure(spec)
     assert result.outcome is Outcome.COMPLETE, result.error

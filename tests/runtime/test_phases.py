@@ -22,7 +22,7 @@ SCRIPT = Path(__file__).parents[1] / "scripts" / "phases.py"
 def _measure(tmp_path: Path, phases: tuple[str, ...], *args: str):
     spec = measure_spec(
         [str(SCRIPT), *args], 4, device="cpu", cache_dir=tmp_path,
-        settings=TrialSettings(warmup_steps=1, measured_steps=2, phases=phases),
+        settings=TrialSettings(warmup_steps=1, measured_steps=2, tight=0, phases=phases),
     )  # fmt: skip
     return api.measure(spec)
 

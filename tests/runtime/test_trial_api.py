@@ -273,7 +273,7 @@ def test_a_trial_s_log_holds_no_warning_of_autotune_s_own(tmp_path: Path) -> Non
     from autotune.trials.settings import TrialSettings
 
     script = EXAMPLES / "mlp.py"
-    settings = TrialSettings(warmup_steps=1, measured_steps=2)
+    settings = TrialSettings(warmup_steps=1, measured_steps=2, tight=0)
     result = api.measure(measure_spec([str(script)], 4, device="cpu", cache_dir=tmp_path, settings=settings))
     assert result.outcome is Outcome.COMPLETE, result.error
     log = (Path(result.log_dir) / "stderr.log").read_text()

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def compiled_trial(cache: Path, *args: str, environ: dict[str, str] | None = None):
-    settings = TrialSettings(warmup_steps=1, measured_steps=1)
+    settings = TrialSettings(warmup_steps=1, measured_steps=1, tight=0)
     spec = measure_spec([COMPILED, *args], 4, device="cpu", cache_dir=cache, settings=settings)
     return measure(spec, environ=environ)
 
