@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -165,6 +166,19 @@ def cli_in_a_fresh_interpreter(argv: list[str], not_imported: tuple[str, ...], t
 
 # the proposed_by of a configuration read again on purpose: a second opinion, not a trial of --trials' own
 # (autotune.search.records.TrialRecord.remeasured)
+def finder_options(cache: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """A finder test's options (tests/finder, tests/compat/test_finder_callbacks.py) with its defaults: the
+    cache dir, short trials of a fixed length, and as many trial runs as the test asserts (the probe, one
+    reading per configuration, the winner's verification). The search's own rules (a busy machine's
+    disagreeing readings measured again) are tested on the CLI's trials."""
+    return {
+        "cache_dir": str(cache),
+        "settings": {"warmup_steps": 1, "measured_steps": 3, "tight": 0},
+        "trials": 2 + len(options["batch_sizes"].split(",")),
+        **options,
+    }
+
+
 SECOND_OPINIONS = ("re-measure", "fresh")
 
 

@@ -14,20 +14,14 @@ from typing import Any
 
 import pytest
 
-from conftest import SCRIPTS
+from conftest import SCRIPTS, finder_options
 
 pytestmark = pytest.mark.compat
-# short trials of a fixed length: the search's own rules are tested elsewhere, on the CLI's trials
-SHORT = {"warmup_steps": 1, "measured_steps": 3, "tight": 0}
 
 
 def fitted(script: str, tmp_path: Path, *extra: str, **options: Any) -> dict[str, Any]:
     out = tmp_path / "out.json"
-    options.setdefault("cache_dir", str(tmp_path / "cache"))
-    options.setdefault("settings", SHORT)
-    # the probe, one reading per configuration and the winner's verification: a re-measurement's rules
-    # (a busy machine's disagreeing readings) are the search's, tested on the CLI's trials
-    options.setdefault("trials", 2 + len(str(options.get("batch_sizes", "")).split(",")))
+    options = finder_options(tmp_path / "cache", options)
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / script), json.dumps(options), *extra, str(out)],
         capture_output=True,

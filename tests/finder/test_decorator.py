@@ -17,21 +17,15 @@ from autotune.core.errors import InputError
 from autotune.hardware.devices import resolve_trial_device
 from autotune.hardware.nvml import nvml_loader
 
-from conftest import AUTOTUNE, SCRIPTS
+from conftest import AUTOTUNE, SCRIPTS, finder_options
 
 SCRIPT = SCRIPTS / "finder_train.py"
-# short trials of a fixed length: the search's own rules are tested elsewhere, on the CLI's trials
-SHORT = {"warmup_steps": 1, "measured_steps": 3, "tight": 0}
 
 
 def found(tmp_path: Path, **options: Any) -> tuple[dict[str, Any], str]:
     """Run the decorated function with ``options``; what it wrote, and its stderr."""
     out = tmp_path / "out.json"
-    options.setdefault("cache_dir", str(tmp_path / "cache"))
-    options.setdefault("settings", SHORT)
-    # the probe, one reading per configuration and the winner's verification: a re-measurement's rules
-    # (a busy machine's disagreeing readings) are the search's, tested on the CLI's trials
-    options.setdefault("trials", 2 + len(str(options.get("batch_sizes", "")).split(",")))
+    options = finder_options(tmp_path / "cache", options)
     done = subprocess.run(
         [sys.executable, str(SCRIPT), json.dumps(options), str(out)],
         capture_output=True,
