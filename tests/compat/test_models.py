@@ -112,7 +112,7 @@ def _warm(family: str, cache: Path) -> WarmTrials:
     environ = {**os.environ, **DETERMINISTIC_CPU_ALLOCATOR}
     device = resolve_device("cpu", environ, nvml_loader(None))
     command = TrialCommand.parse(_command(family))
-    settings = TrialSettings(warmup_steps=1, measured_steps=1, tight=0)  # a fixed length: memory, not speed
+    settings = TrialSettings(warmup_steps=1, measured_steps=2, tight=0)  # a fixed length: memory, not speed
     return WarmTrials(TrialJob(command, Backend.TORCH, device, make_meter(device), settings, cache, environ))
 
 
