@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import socket
 import time
 from collections.abc import Mapping
@@ -70,6 +71,7 @@ class NodeShare:
     result: TrialResult
     reports: dict[int, TrialReport] = field(default_factory=dict)  # its ranks' reports (torchrun)
     started: dict[int, RankIdentity] = field(default_factory=dict)  # its ranks that started
+    port_taken: bool = False  # node 0's torchrun found the rendezvous port taken (run it again on another)
 
 
 def node_device(gpus: int, environ: Mapping[str, str], nvml: Any = None) -> Device:
@@ -87,12 +89,45 @@ def without_handles(device: Device) -> Device:
     return dataclasses.replace(device, handle=None, group=members if len(members) > 1 else ())
 
 
+# A multi-node trial's rendezvous port is picked on node 0 and bound there by torchrun seconds later (it
+# imports torch first). A port of the kernel's ephemeral range can meanwhile go to any outgoing connection
+# of the node, and a Ray node makes many: CI's run here lost one so (EADDRINUSE). The port is drawn below
+# that range, above Ray's worker ports (10002-19999 by default), never torchrun's own defaults; one taken
+# all the same is said by the share (NodeShare.port_taken) and the trial runs again on another port.
+RENDEZVOUS_FLOOR = 20000
+TORCHRUN_PORTS = (29400, 29500)  # torchrun's c10d rendezvous and its master port, by default
+PORT_TAKEN = ("EADDRINUSE", "address already in use")  # how torchrun says it could not bind
+
+
 def free_port() -> tuple[str, int]:
-    """This node's address and a TCP port free on it now (a multi-node trial's rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """This node's address and a TCP port free on it now, outside its ephemeral range where it has room
+    (a multi-node trial's rendezvous)."""
+    low = _ephemeral_range()[0]
+    for _ in range(100 if low > RENDEZVOUS_FLOOR + 1000 else 0):
+        port = random.randrange(RENDEZVOUS_FLOOR, low)
+        if port not in TORCHRUN_PORTS and _bindable(port):
+            return _address(), port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below it: the kernel's choice
         s.bind(("", 0))
-        port = s.getsockname()[1]
-    return _address(), port
+        return _address(), s.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to connections and to ``bind(0)`` (Linux's setting; else IANA's)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def _address() -> str:
@@ -155,7 +190,13 @@ def run_share(task: NodeTask, node_id: str, environ: Mapping[str, str] | None = 
     )
     report_path = Path(result.log_dir) / "report.json"
     return NodeShare(
-        result, rank_reports(report_path), read_rank_identities(Path(result.log_dir) / "progress.json")
+        result,
+        rank_reports(report_path),
+        read_rank_identities(Path(result.log_dir) / "progress.json"),
+        port_taken=task.master is not None
+        and task.node_rank == 0
+        and result.outcome is Outcome.FAILED
+        and any(words in (result.error or "") for words in PORT_TAKEN),
     )
 
 

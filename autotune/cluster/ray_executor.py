@@ -15,6 +15,9 @@
   driver killed and started again resumes from the database: Ray ends a dead driver's tasks (their trials
   die with them: PDEATHSIG) and removes its groups, and the new run's recovery fails the dead driver's
   leases and retries each configuration once.
+- A multi-node trial's rendezvous is node 0's address and a port picked there, outside the kernel's
+  ephemeral range (autotune.cluster.node.free_port); if torchrun finds it taken all the same, the trial
+  runs again on another port, up to RENDEZVOUS_TRIES times, and the run says so.
 
 Ray is imported only here, and only under ``--executor ray``: the rest of autotune never needs it.
 """
@@ -49,6 +52,7 @@ RAY_EXTRA = "pip install 'autotune[ray]'"
 WAIT_NOTE_SECONDS = 30.0  # a group not placed after this long is said, then once a minute
 # a share asked to stop (Ray's cancel: KeyboardInterrupt in the task) gets this long
 STOP_GRACE_SECONDS = 15.0
+RENDEZVOUS_TRIES = 3  # a multi-node trial whose rendezvous port was taken runs again on another, this often
 
 
 def import_ray() -> Any:
@@ -131,9 +135,11 @@ class RayCluster:
         host_budget: Budget | None,
         say: Callable[[str], None],
         nvml: Any = None,
+        rendezvous_port: Callable[[], tuple[str, int]] = free_port,
     ) -> None:
         """Connect (``address``: a cluster's; None: RAY_ADDRESS, a cluster running here, else a new local
         one), check the cluster can place one trial, and resolve the device on a placed node.
+        ``rendezvous_port`` picks a multi-node trial's port on its node 0 (tests: one taken on purpose).
 
         Raises:
             InputError: no Ray, or a device that names GPUs (the cluster places them). DeviceError: the
@@ -179,7 +185,7 @@ class RayCluster:
             )
         self.info = self._node_info()
         self._remote_share = self.ray.remote(max_retries=0, retry_exceptions=False)(_share)
-        self._remote_port = self.ray.remote(max_retries=0, num_cpus=0)(free_port)
+        self._remote_port = self.ray.remote(max_retries=0, num_cpus=0)(rendezvous_port)
 
     @property
     def device(self) -> Device:
@@ -222,18 +228,25 @@ class RayCluster:
             InputError: a node sees another script than this process read.
         """
         with self._placed(stop) as group:
-            master = None
-            if self.shape.nodes > 1:
-                master = self._result_of(
-                    self._remote_port.options(**self._task_options(group, 0, cpus=0)).remote()
+            for attempt in range(1, RENDEZVOUS_TRIES + 1):
+                master = None
+                if self.shape.nodes > 1:
+                    master = self._result_of(
+                        self._remote_port.options(**self._task_options(group, 0, cpus=0)).remote()
+                    )
+                refs = [
+                    self._remote_share.options(**self._task_options(group, i)).remote(
+                        dataclasses.replace(task, node_rank=i, nodes=self.shape.nodes, master=master)
+                    )
+                    for i in range(self.shape.nodes)
+                ]
+                shares, stopped = self._collect(refs, stop)
+                if master is None or attempt == RENDEZVOUS_TRIES or not any(s.port_taken for s in shares):
+                    break
+                self.say(
+                    f"the trial's rendezvous port {master[1]} on {master[0]} was taken before torchrun bound "
+                    f"it: running the trial again on another (try {attempt + 1} of {RENDEZVOUS_TRIES})"
                 )
-            refs = [
-                self._remote_share.options(**self._task_options(group, i)).remote(
-                    dataclasses.replace(task, node_rank=i, nodes=self.shape.nodes, master=master)
-                )
-                for i in range(self.shape.nodes)
-            ]
-            shares, stopped = self._collect(refs, stop)
         return merge_shares(shares, stopped)
 
     def _task_options(self, group: Any, index: int, cpus: float | None = None) -> dict[str, Any]:

@@ -5,21 +5,24 @@ nodes' shares of a trial merge, and `--executor ray` without Ray installed."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from autotune.cluster.node import NodeShare, merge_shares
+from autotune.cluster.node import TORCHRUN_PORTS, NodeShare, NodeTask, free_port, merge_shares, run_share
 from autotune.cluster.ray_executor import Shape, groups_placeable
 from autotune.core.budget import parse_budget
 from autotune.core.errors import InputError
+from autotune.core.plans import Backend
 from autotune.core.protocol import Outcome, RankIdentity, RankResult, TrialReport
 from autotune.search.spec import TuneSpec
 from autotune.trials.command import TrialCommand
 from autotune.trials.ranks import merge_reports
 from autotune.trials.result import Placement, TrialResult
+from autotune.trials.settings import TrialSettings
 
 from conftest import AUTOTUNE, SYNTHETIC
 
@@ -58,6 +61,41 @@ def test_a_multi_node_torchrun_gets_its_rendezvous_on_each_node(tmp_path: Path) 
             InputError, match="on a cluster autotune places each trial and sets its rendezvous"
         ):
             TrialCommand.parse(words).check_placeable()
+
+
+def test_a_rendezvous_port_is_free_and_outside_the_ports_the_kernel_hands_out() -> None:
+    """Node 0's rendezvous port is bound by torchrun seconds after it is picked: one of the ephemeral range
+    could meanwhile go to any outgoing connection of the node (CI lost one so, EADDRINUSE)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(50):
+        _, port = free_port()
+        assert 20000 <= port < low and port not in TORCHRUN_PORTS
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", port))  # free
+
+
+def test_node_zero_says_when_its_rendezvous_port_was_taken(tmp_path: Path) -> None:
+    """A real torchrun as node 0 of a two-node trial whose port a listening socket holds: it cannot bind, and
+    the share says so (the driver runs the trial again on another port: RayCluster.run)."""
+    words = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", str(SYNTHETIC), "--per-sample-mib", "1"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("", 0))
+        held.listen()
+        task = NodeTask(
+            command=TrialCommand.parse(words),
+            batch_size=2,
+            plan="none",
+            backend=Backend.TORCH,
+            gpus=0,
+            settings=TrialSettings(1, 1, 60, 90, tight=0),
+            cache=tmp_path / "cache",
+            scripts={},
+            nodes=2,
+            master=("127.0.0.1", held.getsockname()[1]),
+        )
+        share = run_share(task, "node-a")
+    assert share.result.outcome is Outcome.FAILED
+    assert share.port_taken, share.result.error
 
 
 def _spec(words: list[str], **options: object) -> TuneSpec:

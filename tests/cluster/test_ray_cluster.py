@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,9 +182,25 @@ def test_two_gpu_trials_are_placed_whole_and_never_share_a_gpu(tmp_path: Path, c
 def test_a_two_node_trial_is_measured_on_both_nodes(tmp_path: Path, cluster: LocalCluster) -> None:
     """torchrun --nnodes 2 under --nodes-per-trial 2: one rank on each node, its rendezvous set per trial;
     each rank measured on its own node (rank 1 holds twice rank 0's memory per sample), the trial's peak the
-    worst rank's, its samples/s every rank's samples."""
+    worst rank's, its samples/s every rank's samples. The first port node 0 is handed is one a listening
+    socket holds (as when another process took it between its pick and torchrun's bind: CI's run lost a
+    trial so): the trial runs again on another port, and the run says it."""
     cluster.add("a", cpus=1)
     cluster.add("b", cpus=1)
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("", 0))
+    held.listen()
+    taken, handed = held.getsockname()[1], tmp_path / "handed-the-taken-port"
+
+    def taken_first() -> tuple[str, int]:  # runs on node a (a Ray task): the held port once, then free ones
+        from autotune.cluster.node import free_port
+
+        if handed.exists():
+            return free_port()
+        handed.touch()
+        return "127.0.0.1", taken
+
+    said: list[str] = []
     words = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", str(SYNTHETIC), "--per-sample-mib", "20"]
     spec = _spec(
         tmp_path, [*words, "--rank-scale", "1,2", "--steps", "1000"], nodes_per_trial=2, device="cpu"
@@ -198,13 +215,19 @@ def test_a_two_node_trial_is_measured_on_both_nodes(tmp_path: Path, cluster: Loc
         address=cluster.address,
         cache=spec.cache_dir,
         host_budget=None,
-        say=print,
+        say=said.append,
+        rendezvous_port=taken_first,
     )
     try:
         result = executor.runner(executor.device, None, None, None)(8, "none")
     finally:
         executor.close()
+        held.close()
     assert result.outcome.value == "complete", result.error
+    assert [line for line in said if "rendezvous" in line] == [
+        f"the trial's rendezvous port {taken} on 127.0.0.1 was taken before torchrun bound it: running the "
+        "trial again on another (try 2 of 3)"
+    ]
     assert result.world_size == 2
     assert {p.node_id for p in result.placement} == {cluster.node_id("a"), cluster.node_id("b")}
     peaks = {r.rank: r.peak_bytes for r in result.ranks}
