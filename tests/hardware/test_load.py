@@ -108,7 +108,9 @@ def test_a_trial_s_own_busy_workers_are_its_cpu_time_in_a_process_of_its_own_and
         environ,
     )
     used = burned()
-    assert used > 0.1 and counted(alone) >= used, (counted(alone), used)
+    # the workers ran (on a loaded machine they get less of the trial's half-second: 0.07 CPU-s in one CI
+    # run beside other tests, about 1 quiet)
+    assert used > 0.02 and counted(alone) >= used, (counted(alone), used)
     runner = TrialRunner(
         TrialCommand.parse(words),
         Backend.TORCH,
@@ -123,7 +125,7 @@ def test_a_trial_s_own_busy_workers_are_its_cpu_time_in_a_process_of_its_own_and
         for batch in (1, 2):
             result = runner(batch, "none")
             used = burned()
-            assert result.warm_run == batch and used > 0.1 and counted(result) >= used, (
+            assert result.warm_run == batch and used > 0.02 and counted(result) >= used, (
                 counted(result),
                 used,
             )

@@ -150,8 +150,11 @@ def test_ctrl_c_stops_the_trial_and_keeps_what_was_measured(tmp_path, sig: int) 
     assert trial_pids(tmp_path) == []
     trials = trials_of(tmp_path, "interrupt")
     assert not [t for t in trials if t.state == TrialState.RUNNING]
-    failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert len(failed) == 1 and failed[0].user_attrs["note"] == "interrupted; retried once"
+    (failed,) = [t for t in trials if t.state == TrialState.FAIL]
+    # a search trial's configuration is retried by the next run; a verification is not (the next run
+    # verifies again): on a loaded machine the signal can fall on the verification
+    retried = "" if failed.user_attrs.get("kind") == "verification" else "; retried once"
+    assert failed.user_attrs["note"] == "interrupted" + retried, failed.user_attrs
     assert sum("outcome" in t.user_attrs for t in trials) >= 2  # kept
 
 
