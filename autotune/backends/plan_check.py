@@ -156,7 +156,10 @@ def _one_step(
             losses.append(_loss(module(*args, **kwargs)))
         loss = sum(losses[1:], losses[0])
         loss.backward()
-    grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    # a DTensor's gradient (FSDP2: this rank's shard of it) as its local tensor: each rank compares its own
+    grads = [
+        None if p.grad is None else getattr(p.grad, "_local_tensor", p.grad).detach().clone() for p in params
+    ]
     for param in params:
         param.grad = None
     return float(loss.detach().double()), grads

@@ -34,7 +34,7 @@ from autotune.backends import ort_plans
 from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.core.budget import format_bytes
 from autotune.core.errors import InputError
-from autotune.core.plans import OP_KINDS, OWN_OFF, ModuleRule, OpPolicy, Plan, parse_plan
+from autotune.core.plans import FSDP, OP_KINDS, OWN_OFF, ModuleRule, OpPolicy, Plan, Sharding, parse_plan
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
 EXPENSIVE = ("attention", "conv", "matmul")  # what the selective policy keeps, where a block has them
@@ -45,7 +45,7 @@ RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated cl
 class ProbeRow:
     """One line of the probe table, like ONNX Runtime's plan table."""
 
-    level: str  # "module" or "operator"
+    level: str  # "module", "operator", "own", "offload", "compile" or "fsdp"
     plan: str
     frequency: int  # instances it applies to
     saving_bytes: int  # predicted, at the probed batch size
@@ -124,6 +124,8 @@ def forward_share(data: ProbeReport, plan: str) -> float | None:
     parsed = parse_plan(plan)
     if parsed.compile_budget is not None:
         return None  # the partitioner's choice of ops: not timed by the probe
+    if parsed.sharding is not None and parsed.sharding.reshards_less:
+        return None  # an all-gather per block saved in backward: not timed by the probe
     if parsed.own_off:  # negative: what the script's own checkpointing repeats is no longer repeated
         rest = forward_share(data, str(dataclasses.replace(parsed, own_off=False))) or 0.0
         return rest - _own_share(data)
@@ -178,7 +180,32 @@ def rows(data: ProbeReport) -> list[ProbeRow]:
         if not data.gpu:
             row = replace(row, excluded=GPU_ONLY)
         out.append(row)
-    return out + _compile_rows(data)
+    return out + _compile_rows(data) + _sharding_rows(data)
+
+
+def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
+    """For a script that shards its blocks with FSDP2: keeping their parameters unsharded from forward to
+    backward (each holds the rest of its parameters, (1 - 1/ranks) of them, at the forward's end), resharding
+    to each smaller group the ranks allow, and offloading (GPU only). Each is a question of speed against
+    memory the probe does not time: measured, never left out as saving nothing."""
+    if not data.sharded_blocks or data.shard_ranks < 2:
+        return []
+    ranks, size = data.shard_ranks, data.block_parameter_bytes
+    out = [
+        ProbeRow(
+            "fsdp", str(Sharding(reshard=False)), data.sharded_blocks, 0, 0.0, None,
+            f"up to {_mib(size * (1 - 1 / ranks))} MiB more a rank, one all-gather less",
+        )
+    ]  # fmt: skip
+    for group in (g for g in range(2, ranks) if ranks % g == 0):
+        held = _mib(size * (1 / group - 1 / ranks))
+        detail = f"up to {held} MiB more a rank, backward's all-gather in groups of {group}"
+        out.append(ProbeRow("fsdp", str(Sharding(reshard=group)), data.sharded_blocks, 0, 0.0, None, detail))
+    offload = ProbeRow(
+        "fsdp", str(Sharding(offload=True)), data.sharded_blocks, 0, 0.0, None,
+        "parameters, gradients and optimizer state in host memory",
+    )  # fmt: skip
+    return [*out, offload if data.gpu else replace(offload, excluded=GPU_ONLY)]
 
 
 GPU_ONLY = "GPU only: offloading to host memory saves nothing on the CPU"
@@ -246,8 +273,9 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     """The plans a search uses when the user names none, in the order its frontier visits them, and the
     plans left out with why.
 
-    Order: none; for a script that checkpoints by itself, its own checkpointing off (own:off); the
-    outermost classes in full; the selective operator-level plan of each; the outermost
+    Order: none; for a script that checkpoints by itself, its own checkpointing off (own:off); for one
+    that shards its blocks with FSDP2, keeping them unsharded after forward (fsdp:keep), each smaller
+    reshard group, offload (GPU only); the outermost classes in full; the selective operator-level plan of each; the outermost
     classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
     each distinct compile budget, largest first; on a GPU, offloading the outermost classes. Left out: a
     plan predicted to save nothing, one that failed the probe's correctness check (its ratios with it), a
@@ -265,11 +293,13 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     compiled = sorted((p for p in table if p.startswith("compile:")), key=lambda p: -float(p.split(":")[1]))
     offload = [p for p in table if p.endswith("/offload")]
     own = [OWN_OFF] if OWN_OFF in table else []  # right after none: the plan that may be fastest of all
+    sharding = [p for p in table if p.startswith(f"{FSDP}:")]  # resharding less may be faster too
     plans, excluded = ["none"], {}
     if data.compiles and data.compile_error:
         excluded["compile:*"] = f"torch's partitioner could not be asked: {data.compile_error}"
     for plan in dict.fromkeys(
-        str(parse_plan(p)) for p in [*own, *full, *selective, *ratios, *nested, *compiled, *offload]
+        str(parse_plan(p))
+        for p in [*own, *sharding, *full, *selective, *ratios, *nested, *compiled, *offload]
     ):
         row = table.get(plan) or table[f"{parse_plan(plan).rules[0].cls}:1"]  # a ratio: as its class
         if plan not in table and row.excluded:

@@ -145,6 +145,11 @@ class TorchProbeReport:
     gpu: bool = False  # probed on a GPU: offload plans can save device memory
     # the checkpointing the script does by itself, in words (None: none seen): plans add to it, none keeps it
     own_checkpointing: str | None = None
+    # FSDP2: the blocks the script sharded with fully_shard, the ranks each is sharded over, and their
+    # parameters' unsharded bytes (all blocks together): what fsdp plans act on (0: no FSDP2 block)
+    sharded_blocks: int = 0
+    shard_ranks: int = 0
+    block_parameter_bytes: int = 0
 
     backend = Backend.TORCH
 
@@ -171,6 +176,9 @@ class TorchProbeReport:
             compile_error=data.get("compile_error"),
             gpu=bool(data.get("gpu", False)),
             own_checkpointing=data.get("own_checkpointing"),
+            sharded_blocks=int(data.get("sharded_blocks", 0)),
+            shard_ranks=int(data.get("shard_ranks", 0)),
+            block_parameter_bytes=int(data.get("block_parameter_bytes", 0)),
         )
 
     def compile_partition(self, ratio: float) -> CompilePartition | None:

@@ -269,7 +269,12 @@ def apply_plan(model: nn.Module, plan: Plan) -> Plan:
             setattr(module, "_gradient_checkpointing_func", _call)  # noqa: B010
     if plan.own_off:
         RAN["own_plain"] += _own_off(model)  # a switch turned off is the script's checkpointing off
-    applied = Plan(rules=tuple(sorted(rules)), compile_budget=plan.compile_budget, own_off=plan.own_off)
+    applied = Plan(
+        rules=tuple(sorted(rules)),
+        compile_budget=plan.compile_budget,
+        own_off=plan.own_off,
+        sharding=plan.sharding,  # given to the script's fully_shard calls, checked (torch_sharding)
+    )
     _APPLIED[inner_module(model)] = applied
     return applied
 

@@ -26,6 +26,15 @@ can name stored trials::
                              gradient_checkpointing_enable(), torch.utils.checkpoint in its own forwards):
                              its own checkpointing off, the checkpointed functions called as they are;
                              ``none`` keeps it. Combinable with module rules (``Block:0.5,own:off``)
+    fsdp:keep                for a script that shards with FSDP2's ``fully_shard``: its blocks keep their
+                             parameters unsharded from forward to backward (``reshard_after_forward=False``:
+                             no second all-gather, more memory); ``fsdp:reshard`` reshards them (True),
+                             ``fsdp:2`` reshards to groups of 2 ranks (an int dividing the ranks a block
+                             is sharded over), ``fsdp:offload`` keeps parameters, gradients and optimizer
+                             state in host memory (``CPUOffloadPolicy``; GPU only), ``fsdp:keep+offload``
+                             both. Applied to every ``fully_shard`` call on a module that holds no module
+                             sharded before it (the blocks; the root keeps the script's own). Combinable
+                             with module rules (``Block:0.5,fsdp:keep``); the same on every rank
     Block:1|Block:0.5|none   a plan per rank of a multi-process job, in rank order: rank 0 checkpoints every
                              Block, rank 1 half of them, rank 2 nothing (a pipeline's first stages keep
                              more activations than its last). ``autotune.prepare`` applies the entry of
@@ -33,7 +42,7 @@ can name stored trials::
 
 Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
-``compile`` and ``own`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. ``round(ratio * count)`` instances
+``compile``, ``own`` and ``fsdp`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. ``round(ratio * count)`` instances
 are checkpointed (at least one for any ratio > 0), spread evenly from the first in module order
 (:meth:`ModuleRule.chosen`: ``Block:0.5`` every other block, as Hugging Face's ``every_n_layers=2``).
 
@@ -73,6 +82,7 @@ OP_KINDS = ("matmul", "conv", "attention", "softmax", "dropout", "activation", "
 _RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
 COMPILE = "compile"  # the plan word for torch.compile's activation memory budget
 OWN_OFF = "own:off"  # the plan words for the script's own checkpointing, off
+FSDP = "fsdp"  # the plan word for FSDP2's resharding and offload (Sharding)
 
 
 @dataclass(frozen=True, order=True)
@@ -133,6 +143,66 @@ class ModuleRule:
 
 
 @dataclass(frozen=True)
+class Sharding:
+    """What FSDP2's ``fully_shard`` is given for the script's blocks (``fsdp:...``; issue 45).
+
+    ``reshard``: ``reshard_after_forward`` -- True reshards parameters after the forward (all-gathered
+    again for backward), False keeps them unsharded until backward, an int reshards them to groups of that
+    many ranks; None leaves the script's own. ``offload``: ``CPUOffloadPolicy`` (parameters, gradients and
+    optimizer state in host memory, copied to the device for each use)."""
+
+    reshard: bool | int | None = None
+    offload: bool = False
+
+    def __post_init__(self) -> None:
+        group = self.reshard
+        if type(group) is int and group < 2:
+            raise InputError(f"fsdp:{group}: a group to reshard to is 2 ranks or more (fsdp:keep keeps them)")
+        if group is None and not self.offload:
+            raise InputError("fsdp: expected keep, reshard, a group size or offload")
+
+    @property
+    def reshards_less(self) -> bool:
+        """Whether it all-gathers less in backward than resharding does: it may beat the script's own."""
+        return self.reshard is False or type(self.reshard) is int
+
+    def arguments(self) -> dict[str, str]:
+        """What ``fully_shard`` is passed, as Python source (``best --format torchrun`` prints it)."""
+        out = {}
+        if self.reshard is not None:
+            out["reshard_after_forward"] = repr(self.reshard)
+        if self.offload:
+            out["offload_policy"] = "CPUOffloadPolicy(pin_memory=True)"
+        return out
+
+    def __str__(self) -> str:
+        group = self.reshard
+        reshard = "keep" if group is False else "reshard" if group is True else str(group or "")
+        return f"{FSDP}:" + "+".join(filter(None, [reshard, "offload" if self.offload else ""]))
+
+
+def _sharding(words: str, plan: str, earlier: Sharding | None) -> Sharding:
+    if earlier is not None:
+        raise InputError(f"invalid plan {plan!r}: fsdp named twice")
+    reshard: bool | int | None = None
+    offload = False
+    for word in words.split("+"):
+        word = word.strip()
+        if word == "offload" and not offload:
+            offload = True
+        elif word in ("keep", "reshard") and reshard is None:
+            reshard = word == "reshard"
+        elif word.isdigit() and int(word) >= 2 and reshard is None:
+            reshard = int(word)
+        else:
+            raise InputError(
+                f"invalid plan {plan!r}: expected fsdp:keep, fsdp:reshard or fsdp:N (N >= 2 ranks to reshard "
+                "to), and/or +offload (got fsdp:" + words + ")"
+            )
+    return Sharding(reshard, offload)
+
+
+@dataclass(frozen=True)
 class Plan:
     """A recompute plan. Build it with :func:`parse_plan`, or ``Plan.none()`` / ``Plan.all()``."""
 
@@ -142,11 +212,17 @@ class Plan:
     # torch.compile's activation memory budget (0-1) for a script that compiles; None: torch's own (1)
     compile_budget: float | None = None
     own_off: bool = False  # the script's own checkpointing off (``own:off``)
+    sharding: Sharding | None = None  # FSDP2's settings for the script's blocks (``fsdp:...``); None: its own
 
     def __post_init__(self) -> None:
         budget = self.compile_budget
         if budget is not None and (math.isnan(budget) or not 0 <= budget <= 1):
             raise InputError(f"compile budget must be in [0, 1], got {budget}")
+        if self.ranks and any(p.sharding != self.ranks[0].sharding for p in self.ranks):
+            raise InputError(
+                f"plan {'|'.join(map(str, self.ranks))}: fsdp must be the same on every rank (the ranks of "
+                "a sharded block gather its parameters together)"
+            )
 
     @classmethod
     def per_rank(cls, plans: Sequence[Plan]) -> Plan:
@@ -193,6 +269,7 @@ class Plan:
             and not self.everything
             and self.compile_budget is None
             and not self.own_off
+            and self.sharding is None
             and all(p.is_none for p in self.ranks)
         )
 
@@ -209,6 +286,8 @@ class Plan:
             parts.append(f"{COMPILE}:{self.compile_budget:.3g}")
         if self.own_off:
             parts.append(OWN_OFF)
+        if self.sharding is not None:
+            parts.append(str(self.sharding))
         return ",".join(parts) or "none"
 
 
@@ -234,9 +313,13 @@ def parse_plan(text: str) -> Plan:
     everything = False
     budget: float | None = None
     own_off = False
+    sharding: Sharding | None = None
     for part in spec.split(","):
         if part.strip().lower() == "all":
             everything = True
+            continue
+        if part.strip().partition(":")[0] == FSDP:
+            sharding = _sharding(part.strip().partition(":")[2], text, sharding)
             continue
         if part.strip().partition(":")[0] == "own":
             if part.strip() != OWN_OFF or own_off:
@@ -264,7 +347,11 @@ def parse_plan(text: str) -> Plan:
     if everything and rules:
         raise InputError(f"invalid plan {text!r}: 'all' names its own classes: give it or classes, not both")
     return Plan(
-        rules=tuple(sorted(rules.values())), everything=everything, compile_budget=budget, own_off=own_off
+        rules=tuple(sorted(rules.values())),
+        everything=everything,
+        compile_budget=budget,
+        own_off=own_off,
+        sharding=sharding,
     )
 
 
@@ -298,6 +385,8 @@ def recomputes_at_least(plan: Plan, other: Plan) -> bool:
     classes it names is known to the probe, not to the plan)."""
     if plan.own_off and not other.own_off:  # it recomputes less than the script does by itself
         return False
+    if any(p.sharding != o.sharding for p in plan.entries for o in other.entries):
+        return False  # resharding less is faster, offload slower: no order beside the recompute's
     if other.own_off and not plan.own_off:  # the script's own recompute is more than what other leaves
         other = dataclasses.replace(other, own_off=False)
     if other.is_none or other == Plan(own_off=True):  # nothing of autotune's to recompute at least

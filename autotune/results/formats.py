@@ -16,7 +16,8 @@ checkpoints by itself (the probe saw it: ``gradient_checkpointing_enable()``, or
 in its own forwards), every trial measured it on and every plan added to it: each format says so, and
 ``hf`` keeps ``gradient_checkpointing=True``. A compile plan's
 budget is one line of torch's own (``torch._functorch.config.activation_memory_budget = R`` before the
-first compiled step), given in every format: nothing of autotune is needed to apply it.
+first compiled step), and a sharding plan's the arguments of the script's ``fully_shard`` calls on its
+blocks, given in every format: nothing of autotune is needed to apply them.
 """
 
 from __future__ import annotations
@@ -51,20 +52,35 @@ def render(answer: BestAnswer, fmt: str) -> str:
 
 def env(answer: BestAnswer) -> str:
     exports = [f"export {name}={shlex.quote(value)}" for name, value in answer.env().items()]
-    return "\n".join(exports + [f"# {line}" for line in compile_setting(answer)])
+    return "\n".join(exports + _commented(torch_settings(answer)))
 
 
-def compile_setting(answer: BestAnswer) -> list[str]:
-    """torch's own setting for a compile plan's budget (nothing for any other plan, or one per rank)."""
+def torch_settings(answer: BestAnswer) -> list[str]:
+    """torch's own settings for what the plan sets that torch can say itself, each a "# " line saying what
+    it is, then its code: a compile plan's budget, a sharding plan's fully_shard arguments (nothing for any
+    other plan, or one per rank)."""
     plan = parse_plan(answer.plan) if answer.backend is Backend.TORCH else Plan.none()
-    if plan.compile_budget is None:
-        return []
-    return [
-        f"torch.compile's activation memory budget {plan.compile_budget:g}: without autotune, set it before "
-        "the first compiled step",
-        "import torch._functorch.config",
-        f"torch._functorch.config.activation_memory_budget = {plan.compile_budget:g}",
-    ]
+    lines = []
+    if plan.compile_budget is not None:
+        lines += [
+            f"# torch.compile's activation memory budget {plan.compile_budget:g}: without autotune, set it "
+            "before the first compiled step",
+            "import torch._functorch.config",
+            f"torch._functorch.config.activation_memory_budget = {plan.compile_budget:g}",
+        ]
+    if plan.sharding is not None:
+        arguments = ", ".join(f"{k}={v}" for k, v in plan.sharding.arguments().items())
+        lines += [
+            f"# {plan.sharding}: FSDP2's own arguments, in the script's fully_shard call on each block "
+            "(not the root)",
+            *(["from torch.distributed.fsdp import CPUOffloadPolicy"] if plan.sharding.offload else []),
+            f"fully_shard(block, {arguments})",
+        ]
+    return lines
+
+
+def _commented(lines: list[str]) -> list[str]:
+    return [line if line.startswith("#") else f"# {line}" for line in lines]
 
 
 def every_block(answer: BestAnswer) -> str | None:
@@ -75,7 +91,7 @@ def every_block(answer: BestAnswer) -> str | None:
     plan = parse_plan(answer.plan)
     if plan.everything:
         return answer.outermost[0] if answer.outermost else "every repeated block"
-    if plan.ranks or len(plan.rules) != 1 or plan.compile_budget is not None:
+    if plan.ranks or len(plan.rules) != 1 or plan.compile_budget is not None or plan.sharding is not None:
         return None
     rule = plan.rules[0]
     if rule.ratio != 1 or rule.ops or rule.offload or (answer.outermost and rule.cls not in answer.outermost):
@@ -87,8 +103,8 @@ def _plan_lines(answer: BestAnswer, where: str, prepare: str = PREPARE_LINE) -> 
     """How to apply a plan the framework has no argument for: the prepare line, and what it reads."""
     if _no_plan(answer):
         return []
-    setting = [f"# {line}" if i == 0 else line for i, line in enumerate(compile_setting(answer))]
-    if setting and not parse_plan(answer.plan).rules:  # the budget alone: torch's line is the whole plan
+    setting = torch_settings(answer)
+    if setting and not parse_plan(answer.plan).rules:  # torch's lines are the whole plan
         return setting
     return [
         *setting,
@@ -151,7 +167,13 @@ def every_n_layers(answer: BestAnswer) -> tuple[int, bool] | None:
     if answer.backend is not Backend.TORCH:
         return None
     plan = parse_plan(answer.plan)
-    if plan.ranks or len(plan.rules) != 1 or plan.compile_budget is not None or plan.own_off:
+    if (
+        plan.ranks
+        or len(plan.rules) != 1
+        or plan.compile_budget is not None
+        or plan.own_off
+        or plan.sharding is not None
+    ):
         return None
     rule = plan.rules[0]
     layers = answer.layers.get(rule.cls)
@@ -254,7 +276,7 @@ def command_line(answer: BestAnswer) -> str:
         lines.insert(1, f"# {answer.command_check}")
     if exports.get(PLAN_ENV, "none") != "none" and answer.template:
         lines.insert(1, f"# the script applies the plan with one line: {PREPARE_LINE}")
-    return "\n".join(lines + [f"# {line}" for line in compile_setting(answer)])
+    return "\n".join(lines + _commented(torch_settings(answer)))
 
 
 def _no_plan(answer: BestAnswer) -> bool:

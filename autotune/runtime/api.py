@@ -119,6 +119,10 @@ def prepare(model: M) -> M:
                 trial.probe = Probe(model, trial.request.batch_size, trial.request.check_plans)  # type: ignore[arg-type]
                 trial.plan_applied = "none"
             return model
+    if plan.sharding is not None:  # given to fully_shard before this first forward (runtime.hooks)
+        from autotune.backends.torch_sharding import check_applied
+
+        check_applied(model, plan.sharding, in_trial=trial is not None)  # type: ignore[arg-type]
     if trial is not None and (trial.sweep or trial.in_process):  # in-process: taken off after the trial
         return prepare_switchable(model, plan, trial)
     applied = apply_plan(model, plan)  # type: ignore[arg-type]

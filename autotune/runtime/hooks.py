@@ -7,6 +7,9 @@ between optimizer steps (its micro-batches: see autotune.runtime.trial), with wh
 (autotune.runtime.frameworks). torch itself is not imported here: the hooks go in when the script imports it
 (a framework's, when the script imports that).
 
+FSDP2: ``fully_shard`` is wrapped as ``torch.distributed.fsdp`` is imported, so a sharding plan reaches the
+script's own calls, made before the model's first forward (autotune.backends.torch_sharding).
+
 torch.compile: a compile plan's activation memory budget is set as torch is imported, before the script
 can compile anything, so a script that calls ``torch.compile`` itself is covered without a change (and
 one that calls ``autotune.prepare`` too). ``torch.compile`` is wrapped to tell the trial that the script
@@ -111,6 +114,7 @@ def _install_torch_hooks(torch: Any) -> None:
 
     if trial.request.backend is Backend.TORCH:
         _hook_compile(torch, trial)
+        _hook_fully_shard(trial)
         from autotune.backends.torch_modules import watch_own_checkpointing
 
         watch_own_checkpointing()  # the script's own checkpointing: a plan adds to it, none keeps it
@@ -169,15 +173,36 @@ def rearm() -> None:
         arm()
 
 
-def _hook_compile(torch: Any, trial: _Trial) -> None:
-    """Set this rank's compile budget, and wrap ``torch.compile`` (see the module's docstring). A process
-    that is no rank of a per-rank plan (torchrun's launcher imports torch too) sets none; a plan that does
-    not fit the job is refused by ``prepare``, where the script applies it."""
+def _rank_plan(trial: _Trial) -> Plan:
+    """The plan this rank applies. A process that is no rank of a per-rank plan (torchrun's launcher
+    imports torch too) applies none; a plan that does not fit the job is refused by ``prepare``, where the
+    script applies it."""
     plan = parse_plan(trial.request.plan)
     rank = trial.rank.rank if trial.rank else None
     if plan.ranks and (rank is None or rank >= len(plan.ranks)):
-        plan = Plan.none()
-    plan = plan.for_rank(rank)
+        return Plan.none()
+    return plan.for_rank(rank)
+
+
+def _hook_fully_shard(trial: _Trial) -> None:
+    """FSDP2's ``fully_shard`` applies the trial's sharding (``fsdp:...``) to the blocks it shards, from
+    when the script imports it (autotune.backends.torch_sharding)."""
+
+    def watch(module: ModuleType) -> None:
+        from autotune.backends.torch_sharding import watch_fully_shard
+
+        watch_fully_shard(lambda: _rank_plan(trial).sharding if current() is trial else None)
+
+    name = "torch.distributed.fsdp"
+    if name in sys.modules:
+        watch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, watch))
+
+
+def _hook_compile(torch: Any, trial: _Trial) -> None:
+    """Set this rank's compile budget, and wrap ``torch.compile`` (see the module's docstring)."""
+    plan = _rank_plan(trial)
     if plan.compile_budget is not None:
         from autotune.backends.torch_compile import set_compile_budget
 

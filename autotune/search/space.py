@@ -191,7 +191,9 @@ def rank_plans(plans: tuple[str, ...], world_size: int) -> tuple[str, ...]:
     space has (``Block:0.25`` ... ``Block:1``), the first ``k`` ranks at one level and the others at another,
     for every split ``k`` and every pair of levels. Ordered by how much they recompute, the least first: the
     search measures them only once the ranks' measured peaks differ (autotune.search.propose)."""
-    ladder = [p for p in plans if p != "none" and "/" not in p and "," not in p and "|" not in p]
+    # a plain class rule (not own:off, a compile budget or a sharding, which have no class: the sharding of
+    # a block's ranks must be one)
+    ladder = [p for p in plans if "/" not in p and "," not in p and "|" not in p and parse_plan(p).rules]
     if not ladder:
         return ()
     cls = parse_plan(ladder[0]).rules[0].cls

@@ -12,7 +12,9 @@ Dominance follows: at equal batch size ``none`` is at least as fast as any recom
 never negative against ``none``), and a plan that recomputes everything another plan does
 (autotune.core.plans.recomputes_at_least) is no faster than it. The exception is ``own:off`` for a script
 that checkpoints by itself: none keeps the script's recompute and own:off drops it, so its overhead is
-negative (the probe's share of the forward the script repeats, negative) and its bound is not none's.
+negative (the probe's share of the forward the script repeats, negative) and its bound is not none's. So
+is a sharding plan that reshards FSDP2's blocks less than the script does (``fsdp:keep``, a smaller group):
+it skips an all-gather per block in backward, a gain the probe does not time (bounded as own:off's).
 
 The search asks for an *optimistic* prediction, the most a configuration could reach given what was read
 and how noisy the readings were: the fit plus the readings' noise; beyond the largest batch measured, the
@@ -173,7 +175,7 @@ class ThroughputModel:
             return value
         value = max(value, min(above))
         if (
-            self.reference == "none" and plan != "none" and not _own_off(plan)
+            self.reference == "none" and plan != "none" and not _may_beat_none(plan)
         ):  # nor above none's at its batch
             value = min(value, self.optimistic(batch, "none") or value)
         return value
@@ -202,7 +204,7 @@ class ThroughputModel:
         if not found:
             return None
         least = max(found)
-        return max(least, 0.0) if self.reference == "none" and not _own_off(plan) else least
+        return max(least, 0.0) if self.reference == "none" and not _may_beat_none(plan) else least
 
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
@@ -213,8 +215,9 @@ class ThroughputModel:
         if plan == self.reference:
             return 0.0
         own = self.overhead.get(plan)
-        # unknown for own:off: it may skip a whole forward's recompute (a bound, as FORWARD_SHARE_OF_STEP is)
-        share = self.forward_shares.get(plan, -1.0 if _own_off(plan) else 0.0)
+        # unknown for own:off: it may skip a whole forward's recompute (a bound, as FORWARD_SHARE_OF_STEP is);
+        # a sharding that reshards less skips an all-gather per block in backward: the same bound
+        share = self.forward_shares.get(plan, -1.0 if _may_beat_none(plan) else 0.0)
         # a plan that repeats less than none (own:off: negative share) could gain up to a forward's most
         least = (
             own.low
@@ -228,7 +231,7 @@ class ThroughputModel:
         for other, measured in self.overhead.items():
             if other != plan and plan_recomputes_at_least(plan, other):
                 least = max(least, measured.low)
-        return max(least, 0.0) if self.reference == "none" and not _own_off(plan) else least
+        return max(least, 0.0) if self.reference == "none" and not _may_beat_none(plan) else least
 
     def _transfer_overhead(self, plan: str) -> float:
         """The least overhead an offload plan's copies to the host and back cost: the part of their time per
@@ -325,10 +328,14 @@ def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:
     return Line(float(t0), float(t1)), flat
 
 
-def _own_off(plan: str) -> bool:
-    """Whether ``plan`` turns the script's own checkpointing off: it may then be faster than none."""
+def _may_beat_none(plan: str) -> bool:
+    """Whether ``plan`` may be faster than none: it turns the script's own checkpointing off, or reshards
+    FSDP2's blocks less than the script does (fsdp:keep, a smaller group)."""
     try:
-        return any(entry.own_off for entry in parse_plan(plan).entries)
+        return any(
+            entry.own_off or (entry.sharding is not None and entry.sharding.reshards_less)
+            for entry in parse_plan(plan).entries
+        )
     except InputError:
         return False
 

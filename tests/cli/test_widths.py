@@ -232,6 +232,31 @@ def test_a_compile_plan_is_given_as_torch_s_own_setting_in_every_format(
     assert "export AUTOTUNE_PLAN=GPT2Block:1,compile:0.3" in both
 
 
+def test_a_sharding_plan_is_given_as_fully_shard_s_own_arguments_in_every_format(
+    transformers_before_5_24: None,
+) -> None:
+    call = "fully_shard(block, reshard_after_forward=False, offload_policy=CPUOffloadPolicy(pin_memory=True))"
+    said = "# fsdp:keep+offload: FSDP2's own arguments, in the script's fully_shard call on each block (not the root)"
+    sharded = answer("fsdp:keep+offload", outermost=("Block",))
+    assert render(sharded, "env").splitlines() == [
+        "export AUTOTUNE_BATCH_SIZE=8",
+        "export AUTOTUNE_PLAN=fsdp:keep+offload",
+        said,
+        "# from torch.distributed.fsdp import CPUOffloadPolicy",
+        f"# {call}",
+    ]
+    hf = render(sharded, "hf").splitlines()
+    assert hf[1:3] == ["per_device_train_batch_size=8", "gradient_checkpointing=False"]
+    assert hf[4:] == [said, "from torch.distributed.fsdp import CPUOffloadPolicy", call]
+    assert call in render(sharded, "lightning") and f"# {call}" in render(sharded, "torchrun")
+    # with every block recomputed too: no framework switch says both, so the prepare line applies the plan
+    both = render(answer("Block:1,fsdp:keep", outermost=("Block",)), "hf").splitlines()
+    assert (
+        "gradient_checkpointing=False" in both and "fully_shard(block, reshard_after_forward=False)" in both
+    )
+    assert "export AUTOTUNE_PLAN=Block:1,fsdp:keep" in both
+
+
 def test_best_in_lightning_words_and_as_the_filled_in_command() -> None:
     lines = render(answer("Block:1", grad_accum=2, outermost=("Block",)), "lightning").splitlines()
     assert lines[1:4] == [

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.core.errors import InputError
-from autotune.core.plans import ModuleRule, Plan, parse_plan, recomputes_at_least
+from autotune.core.plans import ModuleRule, Plan, Sharding, parse_plan, recomputes_at_least
 
 
 @pytest.mark.parametrize(
@@ -23,6 +23,11 @@ from autotune.core.plans import ModuleRule, Plan, parse_plan, recomputes_at_leas
         ("all,compile:0.2", "all,compile:0.2"),
         ("Block:0.5/offload", "Block:0.5/offload"),
         ("Block:1|compile:0.4", "Block:1|compile:0.4"),
+        ("fsdp:keep", "fsdp:keep"),
+        ("fsdp:offload+keep, Block:0.5", "Block:0.5,fsdp:keep+offload"),
+        ("fsdp:4", "fsdp:4"),
+        ("fsdp:reshard+offload", "fsdp:reshard+offload"),
+        ("Block:1,fsdp:keep|fsdp:keep", "Block:1,fsdp:keep|fsdp:keep"),
     ],
 )
 def test_plan_strings_round_trip_to_a_canonical_form(text: str, canonical: str) -> None:
@@ -47,6 +52,17 @@ def test_plan_strings_round_trip_to_a_canonical_form(text: str, canonical: str) 
         ),
         *("compile", "compile:1.5", "compile:x", "compile:0.1,compile:0.2", "compile:0.5/offload"),
         *("Block:1/offload+x", "all,Block"),
+        *(
+            "fsdp",
+            "fsdp:",
+            "fsdp:1",
+            "fsdp:0",
+            "fsdp:keep+reshard",
+            "fsdp:keep+2",
+            "fsdp:x",
+            "fsdp:keep,fsdp:offload",
+        ),
+        "fsdp:keep|none",  # the ranks of a block gather together: one sharding for all
     ],
 )
 def test_bad_plans_are_rejected_with_one_line(text: str) -> None:
@@ -116,6 +132,24 @@ def test_own_off_turns_the_script_s_own_checkpointing_off_and_recomputes_less_th
     for bad in ("own:on", "own", "own:off,own:off"):
         with pytest.raises(InputError, match="expected own:off once"):
             parse_plan(bad)
+
+
+def test_a_sharding_plan_names_fully_shard_s_arguments_and_claims_no_order_against_recompute() -> None:
+    keep, group = parse_plan("fsdp:keep+offload"), parse_plan("Block:1,fsdp:2")
+    assert keep.sharding == Sharding(reshard=False, offload=True) and not keep.is_none and not keep.rules
+    assert keep.sharding.arguments() == {
+        "reshard_after_forward": "False",
+        "offload_policy": "CPUOffloadPolicy(pin_memory=True)",
+    }
+    assert group.sharding == Sharding(reshard=2) and group.sharding.arguments() == {
+        "reshard_after_forward": "2"
+    }
+    assert keep.sharding.reshards_less and group.sharding.reshards_less
+    assert not Sharding(reshard=True).reshards_less and not Sharding(offload=True).reshards_less
+    # resharding less is faster than none, offload slower: no plan with another sharding is ranked by recompute
+    assert not recomputes_at_least(parse_plan("fsdp:keep"), parse_plan("none"))
+    assert not recomputes_at_least(parse_plan("Block:1,fsdp:keep"), parse_plan("Block:0.5"))
+    assert recomputes_at_least(parse_plan("Block:1,fsdp:keep"), parse_plan("Block:0.5,fsdp:keep"))
 
 
 def test_a_ratio_checkpoints_its_share_of_the_instances_spread_as_hugging_face_s_every_n_layers() -> None:

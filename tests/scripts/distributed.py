@@ -4,10 +4,14 @@ Each rank trains a small stack of blocks wrapped in DDP, FSDP2 (``fully_shard``)
 autotune gives it; the plan (``autotune.prepare``, or the hooks at the first forward) is applied through the
 wrapper. ``--grads FILE`` writes rank 0's loss and gradients after the first step, so a test can compare a
 plan's numbers with no plan's. ``--extra-mib R=MIB`` makes rank R hold that much more memory.
+``--fsdp-state DIR`` writes what FSDP2's own state holds for each sharded module after the first step
+(``rank-R.json``: its reshard after forward and offload), so a test reads a sharding plan back from FSDP.
 """
 
 import argparse
 import gc
+import json
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,6 +53,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--grads", default=None)
     p.add_argument("--extra-mib", default="")
+    p.add_argument("--fsdp-state", default=None)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -85,6 +90,10 @@ def main() -> None:
             grads = {n: (g.to_local() if hasattr(g, "to_local") else g) for n, g in grads.items()}
             if rank == 0:
                 torch.save({"loss": loss.detach(), "grads": grads}, args.grads)
+        if step == 0 and args.fsdp_state:
+            from autotune.backends.torch_sharding import read_state
+
+            Path(args.fsdp_state, f"rank-{rank}.json").write_text(json.dumps(read_state(model)))
         optimizer.step()
         optimizer.zero_grad()
     # The wrapper's last gloo work holds tensors; left for interpreter shutdown, gloo's threads free them without
