@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_map_only
 
 from autotune.backends.probe_report import PlanCheck
 from autotune.backends.torch_modules import RAN, plan_applied
+from autotune.backends.torch_sharding import local_tensor
 from autotune.core.plans import Plan, parse_plan
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -157,9 +158,7 @@ def _one_step(
         loss = sum(losses[1:], losses[0])
         loss.backward()
     # a DTensor's gradient (FSDP2: this rank's shard of it) as its local tensor: each rank compares its own
-    grads = [
-        None if p.grad is None else getattr(p.grad, "_local_tensor", p.grad).detach().clone() for p in params
-    ]
+    grads = [None if p.grad is None else local_tensor(p.grad).detach().clone() for p in params]
     for param in params:
         param.grad = None
     return float(loss.detach().double()), grads

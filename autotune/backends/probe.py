@@ -275,8 +275,8 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
 
     Order: none; for a script that checkpoints by itself, its own checkpointing off (own:off); for one
     that shards its blocks with FSDP2, keeping them unsharded after forward (fsdp:keep), each smaller
-    reshard group, offload (GPU only); the outermost classes in full; the selective operator-level plan of each; the outermost
-    classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
+    reshard group, offload (GPU only); the outermost classes in full; the selective operator-level plan of
+    each; the outermost classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
     each distinct compile budget, largest first; on a GPU, offloading the outermost classes. Left out: a
     plan predicted to save nothing, one that failed the probe's correctness check (its ratios with it), a
     budget with another's partition, offload on the CPU."""

@@ -39,7 +39,7 @@ from autotune.backends.probe import plans_to_check
 from autotune.backends.probe_report import CompilePartition, InstanceStats, PlanCheck, TorchProbeReport
 from autotune.backends.torch_model import trees_of
 from autotune.backends.torch_modules import Candidate, find_candidates
-from autotune.backends.torch_sharding import sharded_blocks
+from autotune.backends.torch_sharding import local_tensor, sharded_blocks
 from autotune.core.plans import parse_plan
 
 RECORDED_FORWARD = 2
@@ -55,7 +55,7 @@ class Probe:
         self.candidates: list[Candidate] = find_candidates(model)
         self.names = {name for c in self.candidates for name in c.names}
         self.classes = {name: c.cls for c in self.candidates for name in c.names}
-        self.params = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+        self.params = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
         self.stack: list[str] = []
         self.forwards = 0  # the first tree's
         self.depth = 0  # trees' forwards running (one called inside another is part of that one)
@@ -299,13 +299,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 def _bytes(tensor: torch.Tensor) -> int:
-    return int(_local(tensor).untyped_storage().nbytes())
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's own storage holder: a DTensor's (FSDP2's sharded parameters, their gradients) is its
-    local shard, what this rank holds; a DTensor itself has no storage."""
-    return getattr(tensor, "_local_tensor", tensor)
+    return int(local_tensor(tensor).untyped_storage().nbytes())
 
 
 def _optimizer_state_bytes(optimizer: Any) -> int | None:

@@ -7,8 +7,8 @@ in a trial, ``torch.distributed.fsdp.fully_shard`` is replaced as that module is
 sharding at each call. A call on a *block* -- a module that holds no module sharded before it -- gets
 ``reshard_after_forward`` and ``offload_policy`` from the plan; a call on a module that holds sharded ones
 (the root, or a group of blocks) keeps the script's own arguments: FSDP2 keeps the root's parameters
-gathered for backward by itself, and a group's reshard is the script's design. Every call is recorded
-(:func:`calls`): a plan that found no ``fully_shard`` call on a block is refused (:func:`check_applied`),
+gathered for backward by itself, and a group's reshard is the script's design. What each call was given is
+recorded: a plan that found no ``fully_shard`` call on a block is refused (:func:`check_applied`),
 and a test reads the arguments back from FSDP's own state (:func:`read_state`). Outside a trial (the answer
 applied with ``autotune.prepare``) the model is sharded already: ``keep`` and ``reshard`` are set on its
 blocks then, through FSDP2's own ``set_reshard_after_forward``.
@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,18 +34,9 @@ from autotune.core.plans import Sharding
 FSDP_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
 
 
-@dataclass(frozen=True)
-class ShardCall:
-    """One ``fully_shard`` call of the script: on what, the script's own ``reshard_after_forward`` (None:
-    FSDP's default), and the plan's sharding if it was applied (blocks only)."""
-
-    cls: str
-    block: bool
-    own_reshard: bool | int | None
-    applied: Sharding | None
-
-
-_CALLS: list[ShardCall] = []  # this run's calls (a warm process's next configuration starts it anew)
+# what each of this run's fully_shard calls was given by the plan (None: a root or a group, or no plan); a
+# warm process's next configuration starts it anew
+_APPLIED: list[Sharding | None] = []
 
 
 def watch_fully_shard(sharding_now: Callable[[], Sharding | None]) -> None:
@@ -65,33 +55,26 @@ def watch_fully_shard(sharding_now: Callable[[], Sharding | None]) -> None:
 
 
 def _wrapped(original: Callable[..., Any], sharding_now: Callable[[], Sharding | None]) -> Callable[..., Any]:
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
     @functools.wraps(original)  # its attributes too: fully_shard.state(module) keeps working
     def fully_shard(module: nn.Module | Sequence[nn.Module], *args: Any, **kwargs: Any) -> Any:
         modules = [module] if isinstance(module, nn.Module) else list(module)
-        block = not any(isinstance(m, FSDPModule) for root in modules for m in root.modules())
-        sharding = sharding_now() if block else None
-        own = kwargs.get("reshard_after_forward")
+        sharding = None if any(_holds_sharded(m) for m in modules) else sharding_now()
         if sharding is not None and sharding.reshard is not None:
             kwargs["reshard_after_forward"] = sharding.reshard
         if sharding is not None and sharding.offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-        _CALLS.append(ShardCall(type(modules[0]).__name__, block, own, sharding))
+        _APPLIED.append(sharding)
         return original(module, *args, **kwargs)
 
     fully_shard._autotune_shards = True  # type: ignore[attr-defined]
     return fully_shard
 
 
-def calls() -> list[ShardCall]:
-    """The script's ``fully_shard`` calls so far in this run."""
-    return list(_CALLS)
-
-
 def reset_calls() -> None:
     """A warm process's next configuration: no call seen yet, as in a fresh process."""
-    _CALLS.clear()
+    _APPLIED.clear()
 
 
 def check_applied(model: nn.Module, sharding: Sharding | None, in_trial: bool) -> None:
@@ -104,10 +87,10 @@ def check_applied(model: nn.Module, sharding: Sharding | None, in_trial: bool) -
         InputError: no ``fully_shard`` call on a block was seen in a trial (the script does not shard with
             FSDP2); outside a trial, a plan FSDP2 cannot take after sharding, or a model with no block.
     """
-    if sharding is None or (in_trial and any(call.applied == sharding for call in _CALLS)):
+    if sharding is None or (in_trial and sharding in _APPLIED):
         return
     if in_trial:
-        seen = f"{len(_CALLS)} fully_shard call(s), none on a block" if _CALLS else "no fully_shard call"
+        seen = f"{len(_APPLIED)} fully_shard call(s), none on a block" if _APPLIED else "no fully_shard call"
         raise InputError(
             f"plan {sharding}: the script made {seen} before its model's first forward; fsdp plans are for "
             "scripts that shard their blocks with FSDP2's fully_shard (torch.distributed.fsdp)"
@@ -133,10 +116,22 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return [
         module
         for module in model.modules()
-        if isinstance(module, FSDPModule)
-        and not any(isinstance(m, FSDPModule) for m in module.modules() if m is not module)
-        and _group(module) is not None
+        if isinstance(module, FSDPModule) and not _holds_sharded(module) and _group(module) is not None
     ]
+
+
+def _holds_sharded(module: nn.Module) -> bool:
+    """Whether a module below ``module`` is sharded by FSDP2 (``module`` is then a root or a group, not a
+    block)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules() if m is not module)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's own storage holder: a DTensor's (FSDP2's sharded parameters, their gradients) is its
+    local shard, what this rank holds; a DTensor itself has no storage."""
+    return getattr(tensor, "_local_tensor", tensor)
 
 
 def _group(module: Any) -> Any:
