@@ -91,9 +91,11 @@ def test_a_verification_whose_peak_still_rose_at_its_cap_fits_only_with_room_for
     result = api.measure(spec, environ=DETERMINISTIC_CPU_ALLOCATOR)
     assert result.outcome is Outcome.COMPLETE, result.error
     assert result.settled is not None and result.settled.startswith("time cap after ")
-    # ~10 MiB: the sampled peaks of the last ten steps (CI's load once let the sampler miss the newest
-    # pages of the last ones: 7.0 MiB); the rules below hold for whatever rise was read
-    assert result.rising_bytes is not None and 5 * MiB <= result.rising_bytes <= 12 * MiB
+    # ~10 MiB: the sampled peaks of the last ten steps. A starved sampler moves either end: CI's load once
+    # let it miss the newest pages of the last steps (7.0 MiB), once left it no sample in the steps before
+    # the window, so the window's start read an older, lower peak (12.05 MiB); the rules below hold for
+    # whatever rise was read
+    assert result.rising_bytes is not None and 5 * MiB <= result.rising_bytes <= 16 * MiB
     between = result.peak_bytes + result.rising_bytes // 2
     assert result.fits(result.peak_bytes + result.rising_bytes) and not result.fits(between)
 
