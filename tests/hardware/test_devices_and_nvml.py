@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from functools import partial
@@ -209,16 +210,21 @@ def test_an_old_pynvml_package_shadowing_the_bindings_is_named(monkeypatch, vers
 
 
 def _holder(usage_file: Path | None, mib: int, processes: int = 1) -> subprocess.Popen[bytes]:
-    """A stand-in for the shim: ``processes`` children, each holding ``mib`` MiB for 0.6 s (declared in the
-    FAKE GPU's usage file too, when given)."""
+    """A stand-in for the shim: ``processes`` children, each holding ``mib`` MiB for 0.6 s once all of them
+    hold it (declared in the FAKE GPU's usage file too, when given). They wait for each other: on a busy
+    machine one interpreter started 0.6 s after the other, and the two never held their memory together."""
     child = (
         f"import os, sys, time; time.sleep(0.15); held = bytearray(b'1') * ({mib} << 20); "
-        f"p = sys.argv[1]; p and open(p, 'w').write(f'{{os.getpid()}} {{{mib} << 20}}'); time.sleep(0.6)"
+        f"p = sys.argv[1]; p and open(p, 'w').write(f'{{os.getpid()}} {{{mib} << 20}}'); "
+        "open(os.path.join(sys.argv[2], str(os.getpid())), 'w').close(); end = time.time() + 60; "
+        f"exec('while len(os.listdir(sys.argv[2])) < {processes} and time.time() < end: time.sleep(0.01)'); "
+        "time.sleep(0.6)"
     )
+    ready = tempfile.mkdtemp(prefix="autotune-holders-")
     parent = (
-        "import subprocess, sys; "
-        f"[c.wait() for c in [subprocess.Popen([sys.executable, '-c', {child!r}, {str(usage_file or '')!r}]) "
-        f"for _ in range({processes})]]"
+        "import shutil, subprocess, sys; "
+        f"[c.wait() for c in [subprocess.Popen([sys.executable, '-c', {child!r}, {str(usage_file or '')!r}, "
+        f"{ready!r}]) for _ in range({processes})]]; shutil.rmtree({ready!r})"
     )
     return subprocess.Popen([sys.executable, "-c", parent])
 
