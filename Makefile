@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv demo test test-scale test-ranks ray-extra test-ray test-compat lint docs clean postgres-server browser
+.PHONY: venv demo test test-scale test-ranks deepspeed-extra ray-extra test-ray test-compat lint docs clean postgres-server browser
 
 # The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
 # torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
@@ -70,7 +70,14 @@ test: $(STAMP) postgres-server browser
 	$(BIN)/python -m pytest -n $(CORE_WORKERS) -m "not scale and not compat and not ranks and not ray" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
-test-ranks: $(STAMP)
+# DeepSpeed for the ZeRO-plan tests (pyproject's `deepspeed` extra: tests only), installed apart as Ray is, so
+# CI installs it before any phase imports; its shared-memory collectives are built (ninja, ~2 minutes on two
+# cores, once: torch's extension cache) as the ranks phase starts, not inside a test's trial.
+deepspeed-extra: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt deepspeed
+
+test-ranks: deepspeed-extra
+	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m ranks $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 

@@ -34,7 +34,18 @@ from autotune.backends import ort_plans
 from autotune.backends.probe_report import InstanceStats, OrtProbeReport, ProbeReport, TorchProbeReport
 from autotune.core.budget import format_bytes
 from autotune.core.errors import InputError
-from autotune.core.plans import FSDP, OP_KINDS, OWN_OFF, ModuleRule, OpPolicy, Plan, Sharding, parse_plan
+from autotune.core.plans import (
+    FSDP,
+    OP_KINDS,
+    OWN_OFF,
+    ZERO,
+    ModuleRule,
+    OpPolicy,
+    Plan,
+    Sharding,
+    Zero,
+    parse_plan,
+)
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
 EXPENSIVE = ("attention", "conv", "matmul")  # what the selective policy keeps, where a block has them
@@ -45,7 +56,7 @@ RATIOS = (0.25, 0.5, 0.75)  # partial checkpointing of the outermost repeated cl
 class ProbeRow:
     """One line of the probe table, like ONNX Runtime's plan table."""
 
-    level: str  # "module", "operator", "own", "offload", "compile" or "fsdp"
+    level: str  # "module", "operator", "own", "offload", "compile", "fsdp" or "zero"
     plan: str
     frequency: int  # instances it applies to
     saving_bytes: int  # predicted, at the probed batch size
@@ -124,8 +135,8 @@ def forward_share(data: ProbeReport, plan: str) -> float | None:
     parsed = parse_plan(plan)
     if parsed.compile_budget is not None:
         return None  # the partitioner's choice of ops: not timed by the probe
-    if parsed.sharding is not None and parsed.sharding.reshards_less:
-        return None  # an all-gather per block saved in backward: not timed by the probe
+    if parsed.sharding is not None and parsed.sharding.may_beat_own:
+        return None  # communication saved (an all-gather per block, a ZeRO stage): not timed by the probe
     if parsed.own_off:  # negative: what the script's own checkpointing repeats is no longer repeated
         rest = forward_share(data, str(dataclasses.replace(parsed, own_off=False))) or 0.0
         return rest - _own_share(data)
@@ -180,7 +191,7 @@ def rows(data: ProbeReport) -> list[ProbeRow]:
         if not data.gpu:
             row = replace(row, excluded=GPU_ONLY)
         out.append(row)
-    return out + _compile_rows(data) + _sharding_rows(data)
+    return out + _compile_rows(data) + _sharding_rows(data) + _zero_rows(data)
 
 
 def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
@@ -204,6 +215,35 @@ def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
     offload = ProbeRow(
         "fsdp", str(Sharding(offload=True)), data.sharded_blocks, 0, 0.0, None,
         "parameters, gradients and optimizer state in host memory",
+    )  # fmt: skip
+    return [*out, offload if data.gpu else replace(offload, excluded=GPU_ONLY)]
+
+
+def _zero_rows(data: TorchProbeReport) -> list[ProbeRow]:
+    """For a script that trains with DeepSpeed on several ranks: each ZeRO stage but its own, with what a
+    rank holds of the parameters, gradients and optimizer state at that stage against its own (stage 1
+    partitions the optimizer state over the ranks, 2 the gradients too, 3 the parameters too, gathered for
+    each use), and offloading the optimizer state (GPU only). Each is a question of speed against memory
+    the probe does not time: measured, never left out as saving nothing."""
+    own, ranks = data.zero_stage, data.zero_ranks
+    if own is None or ranks < 2:
+        return []
+    params, state = data.zero_parameter_bytes, data.zero_optimizer_bytes
+
+    def held(stage: int) -> float:  # a rank's parameters, gradients (as large) and optimizer state
+        return sum(
+            size / ranks if stage >= at else size for size, at in ((params, 3), (params, 2), (state, 1))
+        )
+
+    out = []
+    for stage in (s for s in range(4) if s != own):
+        change = held(own) - held(stage)
+        words = f"{_mib(abs(change))} MiB {'less' if change >= 0 else 'more'} a rank than stage {own}"
+        gathers = ", parameters gathered for each use" if stage == 3 else ""
+        out.append(ProbeRow("zero", str(Zero(stage)), ranks, 0, 0.0, None, words + gathers))
+    offload = ProbeRow(
+        "zero", str(Zero(max(own, 1), offload=True)), ranks, 0, 0.0, None,
+        "optimizer state in host memory, its step on the CPU",
     )  # fmt: skip
     return [*out, offload if data.gpu else replace(offload, excluded=GPU_ONLY)]
 
@@ -275,7 +315,8 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
 
     Order: none; for a script that checkpoints by itself, its own checkpointing off (own:off); for one
     that shards its blocks with FSDP2, keeping them unsharded after forward (fsdp:keep), each smaller
-    reshard group, offload (GPU only); the outermost classes in full; the selective operator-level plan of
+    reshard group, offload (GPU only); for one that trains with DeepSpeed, each ZeRO stage but its own, then
+    offload (GPU only); the outermost classes in full; the selective operator-level plan of
     each; the outermost classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
     each distinct compile budget, largest first; on a GPU, offloading the outermost classes. Left out: a
     plan predicted to save nothing, one that failed the probe's correctness check (its ratios with it), a
@@ -293,7 +334,8 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     compiled = sorted((p for p in table if p.startswith("compile:")), key=lambda p: -float(p.split(":")[1]))
     offload = [p for p in table if p.endswith("/offload")]
     own = [OWN_OFF] if OWN_OFF in table else []  # right after none: the plan that may be fastest of all
-    sharding = [p for p in table if p.startswith(f"{FSDP}:")]  # resharding less may be faster too
+    # resharding less may be faster too, and a ZeRO stage may fit where no recompute does
+    sharding = [p for p in table if p.startswith((f"{FSDP}:", f"{ZERO}:"))]
     plans, excluded = ["none"], {}
     if data.compiles and data.compile_error:
         excluded["compile:*"] = f"torch's partitioner could not be asked: {data.compile_error}"
@@ -311,6 +353,13 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     return tuple(plans), excluded
 
 
+def checked_part(plan: str) -> str:
+    """What of a plan (one rank's entry) the probe's check tries on the script's model in its process: all of
+    it but a sharding (fsdp, zero), which the script's own fully_shard or deepspeed.initialize takes before
+    the first forward, and which keeps the script's own numbers by FSDP's and DeepSpeed's design."""
+    return str(dataclasses.replace(parse_plan(plan), sharding=None))
+
+
 def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """The plans named with ``--plans`` that the search may use, and those whose check against no plan
     failed, with why.
@@ -321,9 +370,8 @@ def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple
     checks = {c.plan: c for c in data.checks} if isinstance(data, TorchProbeReport) else {}
     excluded = _same_partitions(plans, data) if isinstance(data, TorchProbeReport) else {}
     for plan in plans if checks else ():  # a per-rank plan stands or falls with its entries
-        failed = [
-            checks[e] for e in (str(x) for x in parse_plan(plan).entries) if e in checks and not checks[e].ok
-        ]
+        parts = (checked_part(str(x)) for x in parse_plan(plan).entries)
+        failed = [checks[e] for e in parts if e in checks and not checks[e].ok]
         if failed:
             excluded[plan] = (
                 failed[0].reason

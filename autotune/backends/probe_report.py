@@ -150,6 +150,13 @@ class TorchProbeReport:
     sharded_blocks: int = 0
     shard_ranks: int = 0
     block_parameter_bytes: int = 0
+    # DeepSpeed: the ZeRO stage the script's engine runs (None: no deepspeed.initialize seen), the ranks it
+    # partitions over, its parameters' full bytes and its optimizer state's (all ranks' parts together):
+    # what zero plans act on
+    zero_stage: int | None = None
+    zero_ranks: int = 0
+    zero_parameter_bytes: int = 0
+    zero_optimizer_bytes: int = 0
 
     backend = Backend.TORCH
 
@@ -179,6 +186,10 @@ class TorchProbeReport:
             sharded_blocks=int(data.get("sharded_blocks", 0)),
             shard_ranks=int(data.get("shard_ranks", 0)),
             block_parameter_bytes=int(data.get("block_parameter_bytes", 0)),
+            zero_stage=_int_or_none(data.get("zero_stage")),
+            zero_ranks=int(data.get("zero_ranks", 0)),
+            zero_parameter_bytes=int(data.get("zero_parameter_bytes", 0)),
+            zero_optimizer_bytes=int(data.get("zero_optimizer_bytes", 0)),
         )
 
     def compile_partition(self, ratio: float) -> CompilePartition | None:

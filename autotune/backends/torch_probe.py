@@ -23,6 +23,7 @@ plan savings from it in the tuner).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -235,11 +236,16 @@ class Probe:
                 saved_in[name] += size
         params = list(self.model.parameters())
         blocks, ranks, block_bytes = sharded_blocks(self.model)
+        zero = sys.modules.get(
+            "autotune.backends.deepspeed_zero"
+        )  # imported when the script imports deepspeed
+        engine = zero.script_engine() if zero is not None else None
+        optimizer_bytes = _optimizer_state_bytes(self.optimizer)
         return TorchProbeReport(
             batch_size=self.batch_size,
             weights_bytes=sum(_bytes(p) for p in params),
             gradients_bytes=sum(_bytes(p.grad) for p in params if p.grad is not None),
-            optimizer_state_bytes=_optimizer_state_bytes(self.optimizer),
+            optimizer_state_bytes=optimizer_bytes,
             activation_bytes=sum(size for size, _, _ in self.saved.values()),
             forward_seconds=self.forward_seconds,
             op_seconds=dict(self.op_seconds),
@@ -266,6 +272,13 @@ class Probe:
             sharded_blocks=blocks,
             shard_ranks=ranks,
             block_parameter_bytes=block_bytes,
+            zero_stage=engine.stage if engine else None,
+            zero_ranks=engine.ranks if engine else 0,
+            zero_parameter_bytes=engine.parameter_bytes if engine else 0,
+            # a partitioned optimizer (stage 1 on) holds this rank's part: 1/ranks of the whole
+            zero_optimizer_bytes=(optimizer_bytes or 0) * (engine.ranks if engine.stage >= 1 else 1)
+            if engine
+            else 0,
         )
 
 

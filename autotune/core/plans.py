@@ -35,6 +35,12 @@ can name stored trials::
                              both. Applied to every ``fully_shard`` call on a module that holds no module
                              sharded before it (the blocks; the root keeps the script's own). Combinable
                              with module rules (``Block:0.5,fsdp:keep``); the same on every rank
+    zero:2                   for a script that trains with DeepSpeed (``deepspeed.initialize``): ZeRO stage
+                             2 (0-3) in the config it passes, ``zero:2+offload`` with the optimizer state in
+                             host memory (``offload_optimizer``; at stage 3 the parameters too:
+                             ``offload_param``), ``zero:offload`` the script's own stage with offload.
+                             Combinable with module rules (``Block:0.5,zero:3``); the same on every rank.
+                             A plan names one sharding: fsdp or zero, not both
     Block:1|Block:0.5|none   a plan per rank of a multi-process job, in rank order: rank 0 checkpoints every
                              Block, rank 1 half of them, rank 2 nothing (a pipeline's first stages keep
                              more activations than its last). ``autotune.prepare`` applies the entry of
@@ -42,7 +48,7 @@ can name stored trials::
 
 Operator kinds: matmul, conv, attention, softmax, dropout, activation, norm, elementwise (``OP_KINDS``).
 
-``compile``, ``own`` and ``fsdp`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. ``round(ratio * count)`` instances
+``compile``, ``own``, ``fsdp`` and ``zero`` are words of the grammar, not class names. Class names are matched against ``type(module).__name__``. ``round(ratio * count)`` instances
 are checkpointed (at least one for any ratio > 0), spread evenly from the first in module order
 (:meth:`ModuleRule.chosen`: ``Block:0.5`` every other block, as Hugging Face's ``every_n_layers=2``).
 
@@ -83,6 +89,7 @@ _RATIO = re.compile(r"\d+(?:\.\d+)?|\.\d+", re.ASCII)
 COMPILE = "compile"  # the plan word for torch.compile's activation memory budget
 OWN_OFF = "own:off"  # the plan words for the script's own checkpointing, off
 FSDP = "fsdp"  # the plan word for FSDP2's resharding and offload (Sharding)
+ZERO = "zero"  # the plan word for DeepSpeed's ZeRO stage and offload (Zero)
 
 
 @dataclass(frozen=True, order=True)
@@ -162,8 +169,9 @@ class Sharding:
             raise InputError("fsdp: expected keep, reshard, a group size or offload")
 
     @property
-    def reshards_less(self) -> bool:
-        """Whether it all-gathers less in backward than resharding does: it may beat the script's own."""
+    def may_beat_own(self) -> bool:
+        """Whether it may be faster than the script's own sharding: it all-gathers less in backward than
+        resharding does (keep, a smaller group)."""
         return self.reshard is False or type(self.reshard) is int
 
     def arguments(self) -> dict[str, str]:
@@ -181,9 +189,75 @@ class Sharding:
         return f"{FSDP}:" + "+".join(filter(None, [reshard, "offload" if self.offload else ""]))
 
 
-def _sharding(words: str, plan: str, earlier: Sharding | None) -> Sharding:
+@dataclass(frozen=True)
+class Zero:
+    """What DeepSpeed's config is given for ZeRO (``zero:...``; issue 45): ``stage`` 0-3 (``zero_optimization.
+    stage``: 1 partitions the optimizer state over the ranks, 2 the gradients too, 3 the parameters too,
+    gathered for each use), None the script's own; ``offload`` the optimizer state in host memory
+    (``offload_optimizer``; at stage 3 the parameters too, ``offload_param``), False the script's own."""
+
+    stage: int | None = None
+    offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stage is not None and self.stage not in range(4):
+            raise InputError(f"zero:{self.stage}: ZeRO's stages are 0, 1, 2 and 3")
+        if self.stage is None and not self.offload:
+            raise InputError("zero: expected a stage (0-3) or offload")
+        if self.stage == 0 and self.offload:
+            raise InputError(
+                "zero:0+offload: DeepSpeed offloads from stage 1 on (stage 0 partitions nothing)"
+            )
+
+    @property
+    def may_beat_own(self) -> bool:
+        """Whether it may be faster than the script's own ZeRO: any stage may gather less than the script's
+        (which autotune does not read before the trial); offload moves the optimizer's work to the host."""
+        return self.stage is not None and not self.offload
+
+    def config(self, pin_memory: bool) -> dict[str, object]:
+        """What it sets in ``zero_optimization`` of the script's DeepSpeed config (the rest is the script's)."""
+        out: dict[str, object] = {} if self.stage is None else {"stage": self.stage}
+        if self.offload:
+            device = {"device": "cpu", "pin_memory": pin_memory}
+            out["offload_optimizer"] = device
+            if self.stage == 3:
+                out["offload_param"] = dict(device)
+        return out
+
+    def __str__(self) -> str:
+        stage = "" if self.stage is None else str(self.stage)
+        return f"{ZERO}:" + "+".join(filter(None, [stage, "offload" if self.offload else ""]))
+
+
+def _zero(words: str, plan: str, earlier: Sharding | Zero | None) -> Zero:
     if earlier is not None:
-        raise InputError(f"invalid plan {plan!r}: fsdp named twice")
+        raise InputError(
+            f"invalid plan {plan!r}: {'zero' if isinstance(earlier, Zero) else 'fsdp'} named "
+            "before: a plan names one sharding (fsdp or zero), once"
+        )
+    stage: int | None = None
+    offload = False
+    for word in words.split("+"):
+        word = word.strip()
+        if word == "offload" and not offload:
+            offload = True
+        elif word in ("0", "1", "2", "3") and stage is None:
+            stage = int(word)
+        else:
+            raise InputError(
+                f"invalid plan {plan!r}: expected zero:S (S a ZeRO stage: 0, 1, 2 or 3) and/or +offload "
+                "(got zero:" + words + ")"
+            )
+    return Zero(stage, offload)
+
+
+def _sharding(words: str, plan: str, earlier: Sharding | Zero | None) -> Sharding:
+    if earlier is not None:
+        raise InputError(
+            f"invalid plan {plan!r}: {'fsdp' if isinstance(earlier, Sharding) else 'zero'} named "
+            "before: a plan names one sharding (fsdp or zero), once"
+        )
     reshard: bool | int | None = None
     offload = False
     for word in words.split("+"):
@@ -212,7 +286,8 @@ class Plan:
     # torch.compile's activation memory budget (0-1) for a script that compiles; None: torch's own (1)
     compile_budget: float | None = None
     own_off: bool = False  # the script's own checkpointing off (``own:off``)
-    sharding: Sharding | None = None  # FSDP2's settings for the script's blocks (``fsdp:...``); None: its own
+    # FSDP2's settings for the script's blocks (``fsdp:...``) or DeepSpeed's ZeRO (``zero:...``); None: its own
+    sharding: Sharding | Zero | None = None
 
     def __post_init__(self) -> None:
         budget = self.compile_budget
@@ -220,8 +295,8 @@ class Plan:
             raise InputError(f"compile budget must be in [0, 1], got {budget}")
         if self.ranks and any(p.sharding != self.ranks[0].sharding for p in self.ranks):
             raise InputError(
-                f"plan {'|'.join(map(str, self.ranks))}: fsdp must be the same on every rank (the ranks of "
-                "a sharded block gather its parameters together)"
+                f"plan {'|'.join(map(str, self.ranks))}: fsdp and zero must be the same on every rank (the "
+                "ranks that share a model's parameters gather them together)"
             )
 
     @classmethod
@@ -313,13 +388,16 @@ def parse_plan(text: str) -> Plan:
     everything = False
     budget: float | None = None
     own_off = False
-    sharding: Sharding | None = None
+    sharding: Sharding | Zero | None = None
     for part in spec.split(","):
         if part.strip().lower() == "all":
             everything = True
             continue
         if part.strip().partition(":")[0] == FSDP:
             sharding = _sharding(part.strip().partition(":")[2], text, sharding)
+            continue
+        if part.strip().partition(":")[0] == ZERO:
+            sharding = _zero(part.strip().partition(":")[2], text, sharding)
             continue
         if part.strip().partition(":")[0] == "own":
             if part.strip() != OWN_OFF or own_off:

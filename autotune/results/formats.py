@@ -17,7 +17,8 @@ in its own forwards), every trial measured it on and every plan added to it: eac
 ``hf`` keeps ``gradient_checkpointing=True``. A compile plan's
 budget is one line of torch's own (``torch._functorch.config.activation_memory_budget = R`` before the
 first compiled step), and a sharding plan's the arguments of the script's ``fully_shard`` calls on its
-blocks, given in every format: nothing of autotune is needed to apply them.
+blocks, a ZeRO plan's ``zero_optimization`` section of the DeepSpeed config, given in every format: nothing
+of autotune is needed to apply them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.core.plans import Backend, Plan, parse_plan
+from autotune.core.plans import Backend, Plan, Zero, parse_plan
 from autotune.core.protocol import BACKEND_ENV, PLAN_ENV
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def env(answer: BestAnswer) -> str:
 def torch_settings(answer: BestAnswer) -> list[str]:
     """torch's own settings for what the plan sets that torch can say itself, each a "# " line saying what
     it is, then its code: a compile plan's budget, a sharding plan's fully_shard arguments (nothing for any
-    other plan, or one per rank)."""
+    other plan, or one per rank), a ZeRO plan's section of the DeepSpeed config."""
     plan = parse_plan(answer.plan) if answer.backend is Backend.TORCH else Plan.none()
     lines = []
     if plan.compile_budget is not None:
@@ -68,7 +69,13 @@ def torch_settings(answer: BestAnswer) -> list[str]:
             "import torch._functorch.config",
             f"torch._functorch.config.activation_memory_budget = {plan.compile_budget:g}",
         ]
-    if plan.sharding is not None:
+    if isinstance(plan.sharding, Zero):
+        lines += [
+            f"# {plan.sharding}: DeepSpeed's own settings, in the config the script passes to "
+            "deepspeed.initialize (pin_memory on a GPU)",
+            f'"zero_optimization": {json.dumps(plan.sharding.config(pin_memory=True))}',
+        ]
+    elif plan.sharding is not None:
         arguments = ", ".join(f"{k}={v}" for k, v in plan.sharding.arguments().items())
         lines += [
             f"# {plan.sharding}: FSDP2's own arguments, in the script's fully_shard call on each block "

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 from autotune.core.errors import InputError
-from autotune.core.plans import Backend, parse_plan
+from autotune.core.plans import Backend, Sharding, Zero, parse_plan
 from autotune.core.protocol import (
     BACKEND_ENV,
     BATCH_SIZE_ENV,
@@ -119,10 +119,14 @@ def prepare(model: M) -> M:
                 trial.probe = Probe(model, trial.request.batch_size, trial.request.check_plans)  # type: ignore[arg-type]
                 trial.plan_applied = "none"
             return model
-    if plan.sharding is not None:  # given to fully_shard before this first forward (runtime.hooks)
+    if isinstance(plan.sharding, Sharding):  # given to fully_shard before this first forward (runtime.hooks)
         from autotune.backends.torch_sharding import check_applied
 
         check_applied(model, plan.sharding, in_trial=trial is not None)  # type: ignore[arg-type]
+    elif isinstance(plan.sharding, Zero):  # given to deepspeed.initialize before this first forward
+        from autotune.backends.deepspeed_zero import check_applied as check_zero
+
+        check_zero(model, plan.sharding, in_trial=trial is not None)
     if trial is not None and (trial.sweep or trial.in_process):  # in-process: taken off after the trial
         return prepare_switchable(model, plan, trial)
     applied = apply_plan(model, plan)  # type: ignore[arg-type]

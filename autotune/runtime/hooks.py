@@ -8,7 +8,9 @@ between optimizer steps (its micro-batches: see autotune.runtime.trial), with wh
 (a framework's, when the script imports that).
 
 FSDP2: ``fully_shard`` is wrapped as ``torch.distributed.fsdp`` is imported, so a sharding plan reaches the
-script's own calls, made before the model's first forward (autotune.backends.torch_sharding).
+script's own calls, made before the model's first forward (autotune.backends.torch_sharding). DeepSpeed:
+``deepspeed.initialize`` is wrapped as ``deepspeed`` is imported, so a ZeRO plan reaches the config the script
+passes it (autotune.backends.deepspeed_zero).
 
 torch.compile: a compile plan's activation memory budget is set as torch is imported, before the script
 can compile anything, so a script that calls ``torch.compile`` itself is covered without a change (and
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from autotune.core.plans import Backend, Plan, parse_plan
+from autotune.core.plans import Backend, Plan, Sharding, Zero, parse_plan
 from autotune.runtime.api import prepare
 from autotune.runtime.frameworks import HOOKS
 from autotune.runtime.inputs import read_inputs
@@ -50,6 +52,8 @@ def install() -> None:
         _install_torch_hooks(sys.modules["torch"])
     else:
         sys.meta_path.insert(0, _AfterImport("torch", _install_torch_hooks))
+    if trial.request.backend is Backend.TORCH:  # before the script can import deepspeed (which imports torch)
+        _hook_deepspeed(trial)
     for name, hook in HOOKS.items():  # the phases of a job inside Hugging Face's Trainer and Lightning
 
         def then(module: ModuleType, hook: Callable[[Any, _Trial], None] = hook) -> None:
@@ -191,13 +195,36 @@ def _hook_fully_shard(trial: _Trial) -> None:
     def watch(module: ModuleType) -> None:
         from autotune.backends.torch_sharding import watch_fully_shard
 
-        watch_fully_shard(lambda: _rank_plan(trial).sharding if current() is trial else None)
+        def sharding_now() -> Sharding | None:
+            sharding = _rank_plan(trial).sharding if current() is trial else None
+            return sharding if isinstance(sharding, Sharding) else None
+
+        watch_fully_shard(sharding_now)
 
     name = "torch.distributed.fsdp"
     if name in sys.modules:
         watch(sys.modules[name])
     else:
         sys.meta_path.insert(0, _AfterImport(name, watch))
+
+
+def _hook_deepspeed(trial: _Trial) -> None:
+    """DeepSpeed's ``initialize`` applies the trial's ZeRO plan (``zero:...``) to the config it is given,
+    from when the script imports ``deepspeed`` (autotune.backends.deepspeed_zero)."""
+
+    def zero_now() -> Zero | None:
+        sharding = _rank_plan(trial).sharding if current() is trial else None
+        return sharding if isinstance(sharding, Zero) else None
+
+    def watch(module: ModuleType) -> None:
+        from autotune.backends.deepspeed_zero import watch_initialize
+
+        watch_initialize(zero_now)
+
+    if "deepspeed" in sys.modules:
+        watch(sys.modules["deepspeed"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("deepspeed", watch))
 
 
 def _hook_compile(torch: Any, trial: _Trial) -> None:

@@ -154,14 +154,15 @@ def _configure(request: TrialRequest, path: str) -> None:
 
 
 def _reset_counters() -> None:
-    """The recompute wrappers' counters and the fully_shard calls seen, which a fresh process would start
-    at zero."""
+    """The recompute wrappers' counters and the fully_shard and deepspeed.initialize calls seen, which a
+    fresh process would start at zero."""
     modules = sys.modules.get("autotune.backends.torch_modules")
     if modules is not None:
         modules.reset_counters()
-    sharding = sys.modules.get("autotune.backends.torch_sharding")
-    if sharding is not None:
-        sharding.reset_calls()
+    for name in ("autotune.backends.torch_sharding", "autotune.backends.deepspeed_zero"):
+        sharding = sys.modules.get(name)
+        if sharding is not None:
+            sharding.reset_calls()
 
 
 def _resident_bytes() -> int:

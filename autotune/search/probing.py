@@ -24,6 +24,7 @@ import dataclasses
 import time
 from typing import Any
 
+from autotune.backends.probe import checked_part
 from autotune.backends.probe_report import (
     OrtProbeReport,
     ProbeReport,
@@ -253,7 +254,8 @@ def check_named_plans(
     if not spec.plans or not isinstance(probe, TorchProbeReport):
         return probe
     checked = {c.plan for c in probe.checks}
-    entries = dict.fromkeys(str(e) for p in spec.plans for e in parse_plan(p).entries)  # a per-rank plan's
+    # a per-rank plan's entries, each without its sharding (what the check can try in the script's process)
+    entries = dict.fromkeys(checked_part(str(e)) for p in spec.plans for e in parse_plan(p).entries)
     missing = tuple(p for p in entries if p != "none" and p not in checked)
     if not missing:
         return probe

@@ -14,7 +14,8 @@ never negative against ``none``), and a plan that recomputes everything another 
 that checkpoints by itself: none keeps the script's recompute and own:off drops it, so its overhead is
 negative (the probe's share of the forward the script repeats, negative) and its bound is not none's. So
 is a sharding plan that reshards FSDP2's blocks less than the script does (``fsdp:keep``, a smaller group):
-it skips an all-gather per block in backward, a gain the probe does not time (bounded as own:off's).
+it skips an all-gather per block in backward, a gain the probe does not time (bounded as own:off's); and a
+ZeRO stage (``zero:1``), which may gather less than the script's own stage.
 
 The search asks for an *optimistic* prediction, the most a configuration could reach given what was read
 and how noisy the readings were: the fit plus the readings' noise; beyond the largest batch measured, the
@@ -329,11 +330,12 @@ def _fit_lines(points: dict[int, Interval]) -> tuple[Line | None, Line]:
 
 
 def _may_beat_none(plan: str) -> bool:
-    """Whether ``plan`` may be faster than none: it turns the script's own checkpointing off, or reshards
-    FSDP2's blocks less than the script does (fsdp:keep, a smaller group)."""
+    """Whether ``plan`` may be faster than none: it turns the script's own checkpointing off, reshards
+    FSDP2's blocks less than the script does (fsdp:keep, a smaller group), or sets a ZeRO stage (zero:N: it
+    may gather less than the script's own)."""
     try:
         return any(
-            entry.own_off or (entry.sharding is not None and entry.sharding.reshards_less)
+            entry.own_off or (entry.sharding is not None and entry.sharding.may_beat_own)
             for entry in parse_plan(plan).entries
         )
     except InputError:

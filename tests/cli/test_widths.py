@@ -257,6 +257,25 @@ def test_a_sharding_plan_is_given_as_fully_shard_s_own_arguments_in_every_format
     assert "export AUTOTUNE_PLAN=Block:1,fsdp:keep" in both
 
 
+def test_a_zero_plan_is_given_as_deepspeed_s_own_config_in_every_format(
+    transformers_before_5_24: None,
+) -> None:
+    said = "# zero:3+offload: DeepSpeed's own settings, in the config the script passes to deepspeed.initialize (pin_memory on a GPU)"
+    section = (
+        '"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true}, '
+        '"offload_param": {"device": "cpu", "pin_memory": true}}'
+    )
+    zero = answer("zero:3+offload", outermost=("Block",))
+    assert render(zero, "env").splitlines() == [
+        "export AUTOTUNE_BATCH_SIZE=8",
+        "export AUTOTUNE_PLAN=zero:3+offload",
+        said,
+        f"# {section}",
+    ]
+    assert render(zero, "hf").splitlines()[4:] == [said, section]
+    assert section in render(zero, "lightning") and f"# {section}" in render(zero, "torchrun")
+
+
 def test_best_in_lightning_words_and_as_the_filled_in_command() -> None:
     lines = render(answer("Block:1", grad_accum=2, outermost=("Block",)), "lightning").splitlines()
     assert lines[1:4] == [

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.core.errors import InputError
-from autotune.core.plans import ModuleRule, Plan, Sharding, parse_plan, recomputes_at_least
+from autotune.core.plans import ModuleRule, Plan, Sharding, Zero, parse_plan, recomputes_at_least
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,10 @@ from autotune.core.plans import ModuleRule, Plan, Sharding, parse_plan, recomput
         ("fsdp:4", "fsdp:4"),
         ("fsdp:reshard+offload", "fsdp:reshard+offload"),
         ("Block:1,fsdp:keep|fsdp:keep", "Block:1,fsdp:keep|fsdp:keep"),
+        ("zero:2", "zero:2"),
+        ("zero:offload+3, Block:0.5", "Block:0.5,zero:3+offload"),
+        ("zero:offload", "zero:offload"),
+        ("zero:0", "zero:0"),
     ],
 )
 def test_plan_strings_round_trip_to_a_canonical_form(text: str, canonical: str) -> None:
@@ -63,6 +67,8 @@ def test_plan_strings_round_trip_to_a_canonical_form(text: str, canonical: str) 
             "fsdp:keep,fsdp:offload",
         ),
         "fsdp:keep|none",  # the ranks of a block gather together: one sharding for all
+        *("zero", "zero:", "zero:4", "zero:-1", "zero:1+2", "zero:x", "zero:0+offload", "zero:1,zero:2"),
+        *("zero:2,fsdp:keep", "fsdp:keep,zero:2", "zero:1|zero:2"),  # one sharding, the same on every rank
     ],
 )
 def test_bad_plans_are_rejected_with_one_line(text: str) -> None:
@@ -144,12 +150,29 @@ def test_a_sharding_plan_names_fully_shard_s_arguments_and_claims_no_order_again
     assert group.sharding == Sharding(reshard=2) and group.sharding.arguments() == {
         "reshard_after_forward": "2"
     }
-    assert keep.sharding.reshards_less and group.sharding.reshards_less
-    assert not Sharding(reshard=True).reshards_less and not Sharding(offload=True).reshards_less
+    assert keep.sharding.may_beat_own and group.sharding.may_beat_own
+    assert not Sharding(reshard=True).may_beat_own and not Sharding(offload=True).may_beat_own
     # resharding less is faster than none, offload slower: no plan with another sharding is ranked by recompute
     assert not recomputes_at_least(parse_plan("fsdp:keep"), parse_plan("none"))
     assert not recomputes_at_least(parse_plan("Block:1,fsdp:keep"), parse_plan("Block:0.5"))
     assert recomputes_at_least(parse_plan("Block:1,fsdp:keep"), parse_plan("Block:0.5,fsdp:keep"))
+
+
+def test_a_zero_plan_names_deepspeed_s_config_and_claims_no_order_against_recompute() -> None:
+    """zero:N sets the stage, +offload the offload sections (the parameters' too at stage 3 only); either
+    alone leaves the other to the script's config."""
+    assert parse_plan("zero:2").sharding == Zero(stage=2) and not parse_plan("zero:2").is_none
+    assert Zero(2).config(pin_memory=False) == {"stage": 2}
+    cpu = {"device": "cpu", "pin_memory": True}
+    assert Zero(1, offload=True).config(pin_memory=True) == {"stage": 1, "offload_optimizer": cpu}
+    assert Zero(3, offload=True).config(pin_memory=True) == {
+        "stage": 3, "offload_optimizer": cpu, "offload_param": cpu,
+    }  # fmt: skip
+    assert Zero(offload=True).config(pin_memory=True) == {"offload_optimizer": cpu}
+    assert Zero(3).may_beat_own and Zero(0).may_beat_own and not Zero(2, offload=True).may_beat_own
+    assert not recomputes_at_least(parse_plan("zero:2"), parse_plan("none"))
+    assert recomputes_at_least(parse_plan("Block:1,zero:2"), parse_plan("Block:0.5,zero:2"))
+    assert not recomputes_at_least(parse_plan("Block:1,zero:2"), parse_plan("Block:0.5,zero:1"))
 
 
 def test_a_ratio_checkpoints_its_share_of_the_instances_spread_as_hugging_face_s_every_n_layers() -> None:

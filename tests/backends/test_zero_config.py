@@ -1,0 +1,95 @@
+"""ZeRO plans (``zero:...``) without DeepSpeed: the config the wrapper passes to ``deepspeed.initialize`` (the
+plan's stage and offload over the script's own config, found where DeepSpeed looks for it, the script's own
+objects untouched), and the probe's rows for a DeepSpeed job. The plans in a real DeepSpeed job under
+torchrun: tests/ranks/test_zero_plans.py."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.deepspeed_zero import _config, _with_zero
+from autotune.backends.probe import GPU_ONLY, default_plans, rows
+from autotune.backends.probe_report import TorchProbeReport
+from autotune.core.errors import InputError
+from autotune.core.plans import Zero
+
+SCRIPT = {
+    "train_micro_batch_size_per_gpu": 4,
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000, "offload_param": {"device": "nvme"}},
+}
+
+
+def test_the_plan_s_stage_and_offload_go_over_the_script_s_config_and_the_rest_stays() -> None:
+    assert _with_zero(SCRIPT, Zero(1), pin_memory=False) == {
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": 1, "reduce_bucket_size": 1000, "offload_param": {"device": "nvme"}},
+    }
+    cpu = {"device": "cpu", "pin_memory": False}
+    offloaded = _with_zero(SCRIPT, Zero(offload=True), pin_memory=False)  # the script's own stage 3
+    assert offloaded["zero_optimization"] == {
+        "stage": 3, "reduce_bucket_size": 1000, "offload_param": cpu, "offload_optimizer": cpu,
+    }  # fmt: skip
+    assert _with_zero({}, Zero(2), pin_memory=True) == {"zero_optimization": {"stage": 2}}
+    assert SCRIPT["zero_optimization"]["stage"] == 3  # the script's dict as it was
+
+
+def probe_data() -> TorchProbeReport:
+    """A probe report of a model with no repeated module: only what a sharding plan acts on is added."""
+    return TorchProbeReport(
+        batch_size=2, weights_bytes=0, gradients_bytes=0, optimizer_state_bytes=None, activation_bytes=0,
+        forward_seconds=1.0, op_seconds={}, candidates=(), instances=(),
+    )  # fmt: skip
+
+
+class NoLoader:
+    """A deepspeed module without ``load_ds_config`` (older DeepSpeed): a JSON file is read as JSON."""
+
+
+def test_the_config_is_found_where_deepspeed_looks_and_the_script_s_args_are_left_as_they_were(
+    tmp_path: Path,
+) -> None:
+    config, args = _config({"config": SCRIPT}, NoLoader())
+    assert config == SCRIPT and config is not SCRIPT and args is None
+    assert _config({"config_params": SCRIPT}, NoLoader()) == (SCRIPT, None)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(SCRIPT))
+    script_args = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
+    config, args = _config({"args": script_args}, NoLoader())
+    assert config == SCRIPT and args == argparse.Namespace(deepspeed_config=None, local_rank=0)
+    assert script_args.deepspeed_config == str(path)  # a copy went to DeepSpeed, not the script's own
+    old = argparse.Namespace(deepscale_config=str(path))
+    assert _config({"args": old}, NoLoader()) == (SCRIPT, argparse.Namespace(deepscale_config=None))
+    with pytest.raises(InputError, match=r"^deepspeed.initialize was called with no config"):
+        _config({"args": argparse.Namespace(deepspeed_config=None)}, NoLoader())
+
+
+def test_the_probe_offers_each_other_stage_with_what_a_rank_holds_and_offload_on_a_gpu_only() -> None:
+    """2 ranks at stage 1, parameters 100 MiB (gradients as large), the optimizer state 200 MiB in all: a
+    rank holds 300 MiB at stage 1 (parameters, gradients, its half of the state), 400 at stage 0, 250 at 2
+    (half the gradients), 200 at 3 (half the parameters)."""
+    mib = 2**20
+    data = dataclasses.replace(
+        probe_data(),
+        zero_stage=1,
+        zero_ranks=2,
+        zero_parameter_bytes=100 * mib,
+        zero_optimizer_bytes=200 * mib,
+    )
+    zero = {r.plan: (r.detail, r.excluded) for r in rows(data) if r.level == "zero"}
+    assert zero == {
+        "zero:0": ("100.00 MiB more a rank than stage 1", ""),
+        "zero:2": ("50.00 MiB less a rank than stage 1", ""),
+        "zero:3": ("100.00 MiB less a rank than stage 1, parameters gathered for each use", ""),
+        "zero:1+offload": ("optimizer state in host memory, its step on the CPU", GPU_ONLY),
+    }
+    plans, excluded = default_plans(data)
+    assert plans[1:4] == ("zero:0", "zero:2", "zero:3") and excluded["zero:1+offload"] == GPU_ONLY
+    on_gpu = dataclasses.replace(data, gpu=True)
+    assert "zero:1+offload" in default_plans(on_gpu)[0]
+    assert not [r for r in rows(dataclasses.replace(data, zero_ranks=1)) if r.level == "zero"]  # one rank
+    assert not [r for r in rows(probe_data()) if r.level == "zero"]  # no DeepSpeed
