@@ -25,13 +25,18 @@ def run(cache: Path, *script_args: str, trials: int = 2, extra: tuple[str, ...] 
     ]  # fmt: skip
 
 
-SLOW = ("--step-seconds", "4")  # a probe of ~12 s
+def slow(cache: Path) -> tuple[str, ...]:
+    """The script's arguments for a probe that stays under way until the test ends it: its first step waits
+    while a file exists (a probe of ~12 s once let a loaded machine start the second command after it ended)."""
+    held = cache / "probe-held"
+    held.touch()
+    return ("--hold-while", str(held))
 
 
 def probing_slowly(cache: Path) -> subprocess.Popen[str]:
-    """A run of study "shared" whose probe is under way (and takes ~12 s)."""
+    """A run of study "shared" whose probe is under way (until the test kills it)."""
     prober = subprocess.Popen(
-        run(cache, *SLOW, extra=("--study", "shared")), stderr=subprocess.PIPE, text=True
+        run(cache, *slow(cache), extra=("--study", "shared")), stderr=subprocess.PIPE, text=True
     )
     wait_for(lambda: trial_pids(cache, prober.pid))
     return prober
@@ -58,7 +63,7 @@ def test_a_probe_stopped_by_ctrl_c_is_run_by_the_next_run(tmp_path) -> None:
 
 def test_a_worker_waiting_for_another_s_probe_says_so_and_stops_at_sigterm(tmp_path) -> None:
     prober = probing_slowly(tmp_path)
-    submit = run(tmp_path, *SLOW, extra=("--study", "shared"))
+    submit = run(tmp_path, *slow(tmp_path), extra=("--study", "shared"))
     submit[1] = "submit"
     assert subprocess.run(submit, capture_output=True, timeout=60).returncode == 0
     worker = subprocess.Popen(
@@ -117,7 +122,7 @@ def test_a_probe_that_timed_out_is_retried_once(tmp_path) -> None:
 def test_a_run_waiting_for_another_s_probe_says_so_and_ctrl_c_ends_it_at_once(tmp_path) -> None:
     prober = probing_slowly(tmp_path)
     waiting = subprocess.Popen(
-        run(tmp_path, *SLOW, extra=("--study", "shared")), stderr=subprocess.PIPE, text=True
+        run(tmp_path, *slow(tmp_path), extra=("--study", "shared")), stderr=subprocess.PIPE, text=True
     )
     assert waiting.stderr is not None
     first = waiting.stderr.readline()
