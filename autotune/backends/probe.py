@@ -196,24 +196,36 @@ def rows(data: ProbeReport) -> list[ProbeRow]:
 
 def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
     """For a script that shards its blocks with FSDP2: keeping their parameters unsharded from forward to
-    backward (each holds the rest of its parameters, (1 - 1/ranks) of them, at the forward's end), resharding
-    to each smaller group the ranks allow, and offloading (GPU only). Each is a question of speed against
-    memory the probe does not time: measured, never left out as saving nothing."""
+    backward (each holds the rest of its parameters, (1 - 1/ranks) of them, at the forward's end) or, for a
+    script that keeps them itself, resharding them; resharding to each smaller group the ranks allow; and
+    offloading (GPU only). Each is a question of speed against memory the probe does not time: measured,
+    never left out as saving nothing."""
     if not data.sharded_blocks or data.shard_ranks < 2:
         return []
-    ranks, size = data.shard_ranks, data.block_parameter_bytes
-    out = [
-        ProbeRow(
-            "fsdp", str(Sharding(reshard=False)), data.sharded_blocks, 0, 0.0, None,
-            f"up to {_mib(size * (1 - 1 / ranks))} MiB more a rank, one all-gather less",
-        )
-    ]  # fmt: skip
+    ranks, size, blocks = data.shard_ranks, data.block_parameter_bytes, data.sharded_blocks
+    if data.blocks_kept:  # the script keeps them: what resharding would free, at an all-gather's cost
+        out = [
+            ProbeRow(
+                "fsdp", str(Sharding(reshard=True)), blocks, 0, 0.0, None,
+                f"up to {_mib(size * (1 - 1 / ranks))} MiB less a rank, one all-gather more",
+            )
+        ]  # fmt: skip
+    else:
+        out = [
+            ProbeRow(
+                "fsdp", str(Sharding(reshard=False)), blocks, 0, 0.0, None,
+                f"up to {_mib(size * (1 - 1 / ranks))} MiB more a rank, one all-gather less",
+            )
+        ]  # fmt: skip
     for group in (g for g in range(2, ranks) if ranks % g == 0):
-        held = _mib(size * (1 / group - 1 / ranks))
-        detail = f"up to {held} MiB more a rank, backward's all-gather in groups of {group}"
-        out.append(ProbeRow("fsdp", str(Sharding(reshard=group)), data.sharded_blocks, 0, 0.0, None, detail))
+        if data.blocks_kept:
+            change = f"up to {_mib(size * (1 - 1 / group))} MiB less a rank"
+        else:
+            change = f"up to {_mib(size * (1 / group - 1 / ranks))} MiB more a rank"
+        detail = f"{change}, backward's all-gather in groups of {group}"
+        out.append(ProbeRow("fsdp", str(Sharding(reshard=group)), blocks, 0, 0.0, None, detail))
     offload = ProbeRow(
-        "fsdp", str(Sharding(offload=True)), data.sharded_blocks, 0, 0.0, None,
+        "fsdp", str(Sharding(offload=True)), blocks, 0, 0.0, None,
         "parameters, gradients and optimizer state in host memory",
     )  # fmt: skip
     return [*out, offload if data.gpu else replace(offload, excluded=GPU_ONLY)]
@@ -314,8 +326,8 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
     plans left out with why.
 
     Order: none; for a script that checkpoints by itself, its own checkpointing off (own:off); for one
-    that shards its blocks with FSDP2, keeping them unsharded after forward (fsdp:keep), each smaller
-    reshard group, offload (GPU only); for one that trains with DeepSpeed, each ZeRO stage but its own, then
+    that shards its blocks with FSDP2, keeping them unsharded after forward (fsdp:keep; fsdp:reshard for
+    one that keeps them itself), each smaller reshard group, offload (GPU only); for one that trains with DeepSpeed, each ZeRO stage but its own, then
     offload (GPU only); the outermost classes in full; the selective operator-level plan of
     each; the outermost classes at 25/50/75% (four instances or more); the nested classes in full; for a script that compiles,
     each distinct compile budget, largest first; on a GPU, offloading the outermost classes. Left out: a

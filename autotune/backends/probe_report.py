@@ -150,6 +150,7 @@ class TorchProbeReport:
     sharded_blocks: int = 0
     shard_ranks: int = 0
     block_parameter_bytes: int = 0
+    blocks_kept: bool = False  # the script's blocks keep their parameters after forward (its own fsdp:keep)
     # DeepSpeed: the ZeRO stage the script's engine runs (None: no deepspeed.initialize seen), the ranks it
     # partitions over, its parameters' full bytes and its optimizer state's (all ranks' parts together):
     # what zero plans act on
@@ -186,6 +187,7 @@ class TorchProbeReport:
             sharded_blocks=int(data.get("sharded_blocks", 0)),
             shard_ranks=int(data.get("shard_ranks", 0)),
             block_parameter_bytes=int(data.get("block_parameter_bytes", 0)),
+            blocks_kept=bool(data.get("blocks_kept", False)),
             zero_stage=_int_or_none(data.get("zero_stage")),
             zero_ranks=int(data.get("zero_ranks", 0)),
             zero_parameter_bytes=int(data.get("zero_parameter_bytes", 0)),

@@ -235,7 +235,7 @@ class Probe:
                 saved_by[name][kind] += size
                 saved_in[name] += size
         params = list(self.model.parameters())
-        blocks, ranks, block_bytes = sharded_blocks(self.model)
+        blocks, ranks, block_bytes, blocks_kept = sharded_blocks(self.model)
         zero = sys.modules.get(
             "autotune.backends.deepspeed_zero"
         )  # imported when the script imports deepspeed
@@ -272,6 +272,7 @@ class Probe:
             sharded_blocks=blocks,
             shard_ranks=ranks,
             block_parameter_bytes=block_bytes,
+            blocks_kept=blocks_kept,
             zero_stage=engine.stage if engine else None,
             zero_ranks=engine.ranks if engine else 0,
             zero_parameter_bytes=engine.parameter_bytes if engine else 0,

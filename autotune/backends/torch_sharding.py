@@ -139,13 +139,16 @@ def _group(module: Any) -> Any:
     return module._get_fsdp_state()._fsdp_param_group
 
 
-def sharded_blocks(model: nn.Module) -> tuple[int, int, int]:
+def sharded_blocks(model: nn.Module) -> tuple[int, int, int, bool]:
     """``model``'s FSDP2 blocks (:func:`_blocks`), the ranks each is sharded over (the most, if they
-    differ), and their parameters' unsharded bytes together: (0, 0, 0) for a model FSDP2 does not shard."""
+    differ), their parameters' unsharded bytes together, and whether every block keeps its parameters
+    unsharded after forward (``reshard_after_forward=False``, the script's own or a plan's): (0, 0, 0, False)
+    for a model FSDP2 does not shard."""
     blocks = _blocks(model)
     ranks = max((int(_group(b).mesh_info.shard_mesh_size) for b in blocks), default=0)
     size = sum(p.numel() * p.element_size() for b in blocks for p in b.parameters())  # a DTensor's: unsharded
-    return len(blocks), ranks, size
+    kept = bool(blocks) and all(_group(b).post_forward_mesh_info is None for b in blocks)
+    return len(blocks), ranks, size, kept
 
 
 def read_state(model: nn.Module) -> dict[str, dict[str, Any]]:

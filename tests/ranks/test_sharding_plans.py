@@ -133,6 +133,39 @@ def test_the_probe_of_an_fsdp2_job_offers_its_sharding_plans_and_a_search_measur
     assert result.best.plan in measured
 
 
+def test_for_a_script_whose_blocks_keep_their_parameters_the_probe_offers_resharding_them(
+    tmp_path: Path,
+) -> None:
+    """The script's own reshard_after_forward=False, read from FSDP's state: the probe offers fsdp:reshard
+    (what it frees a rank) in fsdp:keep's place, and the plan reshards every block on both ranks."""
+    words = [
+        TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPT,
+        "--wrap",
+        "fsdp-keep",
+        "--width",
+        "128",
+    ]
+    probed = api.probe(words, batch_size=4, device="cpu", cache_dir=tmp_path)
+    assert probed.outcome is Outcome.COMPLETE, probed.error
+    report = probed.probe
+    assert report.blocks_kept and (report.sharded_blocks, report.shard_ranks) == (4, 2)
+    table = {row.plan: row for row in rows(report)}
+    half = report.block_parameter_bytes / 2 / 2**20
+    assert table["fsdp:reshard"].detail == f"up to {half:.2f} MiB less a rank, one all-gather more"
+    assert "fsdp:keep" not in table and default_plans(report)[0][:2] == ("none", "fsdp:reshard")
+    result, _, states = trial(tmp_path, "fsdp:reshard", wrap="fsdp-keep")
+    assert result.outcome is Outcome.COMPLETE, result.error
+    resharded = {
+        **{b: {"reshard": True, "offload": False} for b in BLOCKS},
+        "": {"reshard": False, "offload": False},
+    }
+    assert states == [resharded, resharded]
+
+
 def test_outside_a_trial_prepare_sets_keep_on_the_sharded_blocks_and_names_what_it_cannot(
     tmp_path: Path,
 ) -> None:

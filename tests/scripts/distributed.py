@@ -1,7 +1,7 @@
 """A data-parallel training script for autotune's multi-process tests: run it under torchrun (gloo, CPU).
 
-Each rank trains a small stack of blocks wrapped in DDP, FSDP2 (``fully_shard``) or FSDP1, with the batch size
-autotune gives it; the plan (``autotune.prepare``, or the hooks at the first forward) is applied through the
+Each rank trains a small stack of blocks wrapped in DDP, FSDP2 (``fully_shard``; ``fsdp-keep``: its blocks
+with ``reshard_after_forward=False``) or FSDP1, with the batch size autotune gives it; the plan (``autotune.prepare``, or the hooks at the first forward) is applied through the
 wrapper. ``--grads FILE`` writes rank 0's loss and gradients after the first step, so a test can compare a
 plan's numbers with no plan's. ``--extra-mib R=MIB`` makes rank R hold that much more memory.
 ``--fsdp-state DIR`` writes what FSDP2's own state holds for each sharded module after the first step
@@ -46,7 +46,7 @@ class Model(nn.Module):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--wrap", choices=["ddp", "fsdp", "fsdp1"], default="ddp")
+    p.add_argument("--wrap", choices=["ddp", "fsdp", "fsdp-keep", "fsdp1"], default="ddp")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
@@ -61,11 +61,11 @@ def main() -> None:
     model = Model(args.width, args.depth)
     if args.wrap == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
-    elif args.wrap == "fsdp":
+    elif args.wrap in ("fsdp", "fsdp-keep"):  # fsdp-keep: the blocks keep their parameters after forward
         from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
-            fully_shard(block)
+            fully_shard(block, **({"reshard_after_forward": False} if args.wrap == "fsdp-keep" else {}))
         fully_shard(model)
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel
