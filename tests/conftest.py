@@ -29,6 +29,14 @@ from autotune.trials.settings import TrialSettings
 ROOT = Path(__file__).parent.parent
 SCRIPTS = Path(__file__).parent / "scripts"
 SYNTHETIC = SCRIPTS / "synthetic.py"
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def torchrun(script: Path | str, *args: str, ranks: int = 2) -> list[str]:
+    """The command that runs ``script`` with ``args`` on ``ranks`` local ranks (torchrun --standalone)."""
+    return [TORCHRUN, "--standalone", "--nproc-per-node", str(ranks), str(script), *args]
+
+
 EXAMPLES = ROOT / "examples"
 MiB = 2**20
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,10 @@ from autotune.search.spec import tune_spec
 from autotune.trials.measurement import measure, measure_spec
 from autotune.trials.settings import TrialSettings
 
-from conftest import SCRIPTS
+from conftest import SCRIPTS, torchrun
 
 pytestmark = pytest.mark.ranks
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SCRIPT = str(SCRIPTS / "distributed.py")
 BLOCKS = [f"blocks.{i}" for i in range(4)]
 
@@ -37,8 +35,9 @@ def trial(tmp_path: Path, plan: str, ranks: int = 2, wrap: str = "fsdp") -> tupl
     gradient shards, and each rank's FSDP state after that step."""
     out = tmp_path / plan.replace(":", "_").replace("+", "_")
     out.mkdir()
-    words = [TORCHRUN, "--standalone", "--nproc-per-node", str(ranks), SCRIPT, "--wrap", wrap,
-             "--grads", str(out / "numbers.pt"), "--fsdp-state", str(out)]  # fmt: skip
+    words = torchrun(
+        SCRIPT, "--wrap", wrap, "--grads", str(out / "numbers.pt"), "--fsdp-state", str(out), ranks=ranks
+    )
     spec = measure_spec(
         words,
         4,
@@ -105,7 +104,7 @@ def test_the_probe_of_an_fsdp2_job_offers_its_sharding_plans_and_a_search_measur
     """The probe sees the script's four sharded blocks over 2 ranks and offers fsdp:keep (what it holds:
     the other rank's half of every block's parameters), and offload left out on this CPU; a search measures
     fsdp:keep beside none, and the answer is one of them (fsdp:keep, by 1.2x here, quiet)."""
-    words = [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--wrap", "fsdp", "--width", "128"]
+    words = torchrun(SCRIPT, "--wrap", "fsdp", "--width", "128")
     probed = api.probe(words, batch_size=4, device="cpu", cache_dir=tmp_path)
     assert probed.outcome is Outcome.COMPLETE, probed.error
     report = probed.probe
@@ -138,17 +137,7 @@ def test_for_a_script_whose_blocks_keep_their_parameters_the_probe_offers_reshar
 ) -> None:
     """The script's own reshard_after_forward=False, read from FSDP's state: the probe offers fsdp:reshard
     (what it frees a rank) in fsdp:keep's place, and the plan reshards every block on both ranks."""
-    words = [
-        TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        SCRIPT,
-        "--wrap",
-        "fsdp-keep",
-        "--width",
-        "128",
-    ]
+    words = torchrun(SCRIPT, "--wrap", "fsdp-keep", "--width", "128")
     probed = api.probe(words, batch_size=4, device="cpu", cache_dir=tmp_path)
     assert probed.outcome is Outcome.COMPLETE, probed.error
     report = probed.probe
@@ -174,7 +163,7 @@ def test_outside_a_trial_prepare_sets_keep_on_the_sharded_blocks_and_names_what_
     is one line naming fully_shard's arguments."""
     out = tmp_path / "kept"
     out.mkdir()
-    words = [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--wrap", "fsdp", "--steps", "1"]
+    words = torchrun(SCRIPT, "--wrap", "fsdp", "--steps", "1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE_")}
     done = subprocess.run(
         [*words, "--fsdp-state", str(out)], env={**env, "AUTOTUNE_PLAN": "fsdp:keep"}, capture_output=True,

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from autotune.search.spec import tune_spec
 from autotune.trials.measurement import measure, measure_spec
 from autotune.trials.settings import TrialSettings
 
-from conftest import SCRIPTS
+from conftest import SCRIPTS, torchrun
 
 pytestmark = [
     pytest.mark.ranks,
@@ -37,7 +36,6 @@ pytestmark = [
     ),
 ]
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SCRIPT = str(SCRIPTS / "deepspeed_job.py")
 DISTRIBUTED = str(SCRIPTS / "distributed.py")
 
@@ -47,8 +45,7 @@ def trial(tmp_path: Path, plan: str, *script: str) -> tuple[object, dict, list[d
     gradients, and what each rank's engine runs after the first step."""
     out = tmp_path / plan.replace(":", "_").replace("+", "_")
     out.mkdir()
-    words = [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--grads", str(out / "numbers.pt"),
-             "--zero-state", str(out), *script]  # fmt: skip
+    words = torchrun(SCRIPT, "--grads", str(out / "numbers.pt"), "--zero-state", str(out), *script)
     spec = measure_spec(
         words,
         4,
@@ -120,7 +117,7 @@ def test_a_config_file_in_the_script_s_args_takes_the_plan_and_keeps_what_the_pl
 
 
 def test_a_zero_plan_for_a_script_that_does_not_train_with_deepspeed_is_one_line(tmp_path: Path) -> None:
-    words = [TORCHRUN, "--standalone", "--nproc-per-node", "2", DISTRIBUTED, "--wrap", "ddp"]
+    words = torchrun(DISTRIBUTED, "--wrap", "ddp")
     spec = measure_spec(
         words,
         4,
@@ -158,17 +155,7 @@ def test_the_probe_of_a_deepspeed_job_offers_the_other_stages_and_a_search_measu
     the plans the probe offers measures the stages beside none (six trial runs: the probe, four plans, the
     verification), and answers one it measured; the probe's check tries none of them (a sharding is the
     script's own deepspeed.initialize's to take, and the plans have nothing else)."""
-    words = [
-        TORCHRUN,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        SCRIPT,
-        "--width",
-        "128",
-        "--batch-size",
-        "{batch_size}",
-    ]
+    words = torchrun(SCRIPT, "--width", "128", "--batch-size", "{batch_size}")
     probed = api.probe(words, batch_size=4, device="cpu", cache_dir=tmp_path)
     assert probed.outcome is Outcome.COMPLETE, probed.error
     report = probed.probe
@@ -214,7 +201,7 @@ def test_outside_a_trial_prepare_passes_an_engine_that_runs_the_plan_and_names_t
 ) -> None:
     """The answer applied with AUTOTUNE_PLAN and autotune.prepare(engine): an engine whose config says the
     plan's stage trains; one that runs another stage is one line naming the config to write."""
-    words = [TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--steps", "1", "--prepare"]
+    words = torchrun(SCRIPT, "--steps", "1", "--prepare")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE_")}
     env["AUTOTUNE_PLAN"] = "zero:2"
     done = subprocess.run([*words, "--stage", "2"], env=env, capture_output=True, text=True, timeout=240)

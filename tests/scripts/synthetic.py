@@ -160,7 +160,9 @@ def main() -> None:
     p.add_argument("--hang-rank", type=int, default=None, help="this rank stops stepping at --hang-at")
     p.add_argument("--hang-at", type=int, default=2)
     p.add_argument("--startup-seconds", type=float, default=0.0, help="sleep this long before the first step")
-    p.add_argument("--hold-while", default=None, help="before the first step, wait for as long as this file exists")
+    p.add_argument(
+        "--hold-while", default=None, help="before the first step, wait for as long as this file exists"
+    )
     p.add_argument(
         "--slow-start",
         default=None,
@@ -281,7 +283,9 @@ def main() -> None:
         while True:
             time.sleep(1)
     time.sleep(args.startup_seconds)  # imports, building a model, CUDA: a GPU trial's ~18 s (issue 31)
-    while args.hold_while and os.path.exists(args.hold_while):  # a trial under way for as long as a test needs
+    while args.hold_while and os.path.exists(
+        args.hold_while
+    ):  # a trial under way for as long as a test needs
         time.sleep(0.05)
     grown = []
     for step in range(args.steps):
