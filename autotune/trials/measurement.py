@@ -37,7 +37,7 @@ from autotune.core.protocol import (
 from autotune.hardware.devices import Device, gpus_in, resolve_device
 from autotune.hardware.host import default_host_budget
 from autotune.hardware.load import LoadSnapshot
-from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading, make_meter
+from autotune.hardware.meters import HOST_METHODS, MemoryMeter, MemoryReading, RankPeak, make_meter
 from autotune.hardware.nvml import nvml_loader
 from autotune.trials.command import TrialCommand
 from autotune.trials.interpreter import check_interpreter
@@ -234,6 +234,7 @@ def run_trial(
     if exit_info.cpu_seconds is not None and exit_info.wall_seconds > 0:
         load = dataclasses.replace(load, cpu_per_wall=exit_info.cpu_seconds / exit_info.wall_seconds)
     reports = rank_reports(request.report_path)
+    reading = ranks_own_high_water(reading, reports)
     started = watch.identities()
     report = (
         merge_reports(reports, started, node_ranks)
@@ -322,6 +323,24 @@ def _swept(
         )
     head, *rest = results
     return dataclasses.replace(head, sweep=tuple(rest))
+
+
+def ranks_own_high_water(reading: MemoryReading, reports: Mapping[int, TrialReport]) -> MemoryReading:
+    """A multi-process CPU trial's reading with each rank's peak never below the rank's own resident
+    high-water mark, as its report gives it at its end (``TrialReport.rss_peak``): the meter samples each
+    rank's tree and reads its high-water mark at each sample, and a sampler the machine starved can miss a
+    rank's whole measured life (a two-node trial's rank that held 160 MiB from its first step to its last
+    read 38.7 MiB beside three busy CI phases); its report cannot miss it. The trial's peak is the worst
+    rank's again. Other readings are returned as they are."""
+    if reading.method != "rss-rank":
+        return reading
+    peaks = {r.rank: r for r in reading.ranks}
+    for rank, report in reports.items():
+        own = report.rss_peak or 0
+        if own > (peaks[rank].peak_bytes if rank in peaks else 0):
+            peaks[rank] = RankPeak(rank, "cpu", own)
+    ranks = tuple(peaks[rank] for rank in sorted(peaks))
+    return dataclasses.replace(reading, ranks=ranks, peak_bytes=max(r.peak_bytes for r in ranks))
 
 
 def _rank_results(
