@@ -248,24 +248,34 @@ def _hook_compile(torch: Any, trial: _Trial) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after module ``name`` has been imported, without importing it."""
+    """Runs ``callback(module)`` right after module ``name`` has been imported, without importing it.
+
+    It stays on ``sys.meta_path`` until the module is executed: ``importlib.util.find_spec(name)`` asks the
+    finders too, without importing (Accelerate asks whether DeepSpeed is installed so), and a finder that
+    left at the first question would miss the import that follows."""
 
     def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         self.name = name
         self.callback = callback
+        self._looking = False  # this finder's own lookup of the real spec, below: it answers None to it
 
     def find_spec(
         self, fullname: str, path: Any, target: Any = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != self.name or self._looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_hook(module: ModuleType) -> None:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             exec_module(module)
             self.callback(module)
 
