@@ -168,16 +168,22 @@ def probed(out: Console, result: TrialResult, as_json_flag: bool) -> None:
     _probe_table(out, data, table_rows)
 
 
-def _torch_probe_header(out: Console, data: TorchProbeReport, result: TrialResult) -> None:
+def fixed_text(data: TorchProbeReport) -> str:
+    """The probe's fixed memory in words: what this rank holds, said so where FSDP2 or ZeRO shards it."""
     state = data.optimizer_state_bytes
+    ranks = data.shard_ranks if data.sharded_blocks else data.zero_ranks if (data.zero_stage or 0) >= 1 else 0
+    return (
+        f"weights {format_bytes(data.weights_bytes)}, gradients {format_bytes(data.gradients_bytes)}, "
+        f"optimizer state {format_bytes(state) if state is not None else 'unknown (no torch.optim)'}"
+        + (f" (this rank's: sharded over {ranks} ranks)" if ranks >= 2 else "")
+    )
+
+
+def _torch_probe_header(out: Console, data: TorchProbeReport, result: TrialResult) -> None:
     out.print(
         key_values(
             [
-                (
-                    "fixed",
-                    f"weights {format_bytes(data.weights_bytes)}, gradients {format_bytes(data.gradients_bytes)}, "
-                    f"optimizer state {format_bytes(state) if state is not None else 'unknown (no torch.optim)'}",
-                ),
+                ("fixed", fixed_text(data)),
                 (
                     "activations",
                     f"{format_bytes(data.activation_bytes / data.batch_size)} per sample kept for backward "

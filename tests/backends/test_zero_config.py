@@ -15,6 +15,7 @@ import pytest
 from autotune.backends.deepspeed_zero import _config, _with_zero
 from autotune.backends.probe import GPU_ONLY, default_plans, rows
 from autotune.backends.probe_report import TorchProbeReport
+from autotune.cli.render_trial import fixed_text
 from autotune.core.errors import InputError
 from autotune.core.plans import Zero
 
@@ -93,3 +94,13 @@ def test_the_probe_offers_each_other_stage_with_what_a_rank_holds_and_offload_on
     assert "zero:1+offload" in default_plans(on_gpu)[0]
     assert not [r for r in rows(dataclasses.replace(data, zero_ranks=1)) if r.level == "zero"]  # one rank
     assert not [r for r in rows(probe_data()) if r.level == "zero"]  # no DeepSpeed
+
+
+def test_the_probe_says_its_fixed_memory_is_this_rank_s_where_it_is_sharded() -> None:
+    plain = probe_data()
+    assert fixed_text(plain) == "weights 0 B, gradients 0 B, optimizer state unknown (no torch.optim)"
+    zero = dataclasses.replace(plain, zero_stage=2, zero_ranks=4)
+    assert fixed_text(zero).endswith(" (this rank's: sharded over 4 ranks)")
+    assert fixed_text(dataclasses.replace(zero, zero_stage=0)) == fixed_text(plain)  # stage 0 shards nothing
+    fsdp = dataclasses.replace(plain, sharded_blocks=4, shard_ranks=2)
+    assert fixed_text(fsdp).endswith(" (this rank's: sharded over 2 ranks)")
