@@ -72,13 +72,15 @@ test: $(STAMP) postgres-server browser
 
 # DeepSpeed for the ZeRO-plan tests (pyproject's `deepspeed` extra: tests only), installed apart as Ray is, so
 # CI installs it before any phase imports; its shared-memory collectives are built (ninja, ~2 minutes on two
-# cores, once: torch's extension cache) as the ranks phase starts, not inside a test's trial.
+# cores, once: torch's extension cache) as the ranks phase starts, not inside a test's trial. One torch
+# thread per process, as in the compatibility phase beside it: two ranks of two threads each on two cores
+# spin in OpenMP's barriers (CI at cc1432b: ranks 14:46, compat 24:12 beside it, 43 minutes in all).
 deepspeed-extra: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt deepspeed
 
 test-ranks: deepspeed-extra
 	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m ranks $(PYTEST_ARGS); rc=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m ranks $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 # One torch thread per process: two workers' real models on two cores, each with torch's default of two

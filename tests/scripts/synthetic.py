@@ -283,9 +283,8 @@ def main() -> None:
         while True:
             time.sleep(1)
     time.sleep(args.startup_seconds)  # imports, building a model, CUDA: a GPU trial's ~18 s (issue 31)
-    while args.hold_while and os.path.exists(
-        args.hold_while
-    ):  # a trial under way for as long as a test needs
+    # a trial under way for as long as a test needs
+    while args.hold_while and os.path.exists(args.hold_while):
         time.sleep(0.05)
     grown = []
     for step in range(args.steps):
