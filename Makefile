@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv demo test test-scale test-ranks deepspeed-extra ray-extra test-ray test-compat lint docs clean postgres-server browser
+.PHONY: venv demo test test-scale test-ranks deepspeed-extra test-deepspeed ray-extra test-ray test-compat lint docs clean postgres-server browser
 
 # The test extra (transformers, torchvision, Lightning) is part of the development environment. PyPI's
 # torchvision is built against CUDA torch: tests/compat/site lets it import beside the CPU wheel (see there).
@@ -70,16 +70,22 @@ test: $(STAMP) postgres-server browser
 	$(BIN)/python -m pytest -n $(CORE_WORKERS) -m "not scale and not compat and not ranks and not ray" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
-# DeepSpeed for the ZeRO-plan tests (pyproject's `deepspeed` extra: tests only), installed apart as Ray is, so
-# CI installs it before any phase imports; its shared-memory collectives are built (ninja, ~2 minutes on two
-# cores, once: torch's extension cache) as the ranks phase starts, not inside a test's trial. One torch
-# thread per process, as in the compatibility phase beside it: two ranks of two threads each on two cores
-# spin in OpenMP's barriers (CI at cc1432b: ranks 14:46, compat 24:12 beside it, 43 minutes in all).
+# DeepSpeed for the ZeRO-plan tests (pyproject's `deepspeed` extra: tests only), installed apart as Ray is.
+# `make test-deepspeed` runs them (tests/ranks/test_zero_plans.py: real 2-rank DeepSpeed jobs, ~3 minutes
+# here) after building DeepSpeed's shared-memory collectives (ninja, ~1 minute on two cores, once: torch's
+# extension cache) outside any trial. Not a CI phase yet: beside the compatibility phase they took CI past
+# its 40 minutes (43:07 and 40+ at a819830); `make test-ranks` skips them where DeepSpeed is not installed.
 deepspeed-extra: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt deepspeed
 
-test-ranks: deepspeed-extra
+test-deepspeed: deepspeed-extra
 	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m ranks tests/ranks/test_zero_plans.py $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+# One torch thread per process, as in the compatibility phase beside it: two ranks of two threads each on
+# two cores spin in OpenMP's barriers.
+test-ranks: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m ranks $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 

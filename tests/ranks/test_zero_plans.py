@@ -4,7 +4,7 @@ rank, as DeepSpeed's engine reports it (not autotune's records), whether the con
 in the script's args; the numbers stay the script's own; a script that does not train with DeepSpeed is told
 so; the probe offers the other stages and a search measures them; outside a trial ``autotune.prepare`` checks
 the engine against the plan. DeepSpeed trains on this CPU (its shared-memory collectives built by ninja on
-first use): ``make test-ranks`` installs it (``make deepspeed-extra``)."""
+first use): ``make test-deepspeed`` installs it and runs these (``make test-ranks`` skips them without it)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.ranks,
     pytest.mark.skipif(
         importlib.util.find_spec("deepspeed") is None,
-        reason="DeepSpeed is not installed: make deepspeed-extra",
+        reason="DeepSpeed is not installed: make test-deepspeed",
     ),
 ]
 
