@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import os
 import sys
@@ -102,8 +103,6 @@ def _wrapped(
 
 def _bind(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """``deepspeed.initialize``'s arguments by name, as its signature binds them (its first is ``args``)."""
-    import inspect
-
     return dict(inspect.signature(original).bind(*args, **kwargs).arguments)
 
 

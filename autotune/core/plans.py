@@ -230,12 +230,7 @@ class Zero:
         return f"{ZERO}:" + "+".join(filter(None, [stage, "offload" if self.offload else ""]))
 
 
-def _zero(words: str, plan: str, earlier: Sharding | Zero | None) -> Zero:
-    if earlier is not None:
-        raise InputError(
-            f"invalid plan {plan!r}: {'zero' if isinstance(earlier, Zero) else 'fsdp'} named "
-            "before: a plan names one sharding (fsdp or zero), once"
-        )
+def _zero(words: str, plan: str) -> Zero:
     stage: int | None = None
     offload = False
     for word in words.split("+"):
@@ -252,12 +247,7 @@ def _zero(words: str, plan: str, earlier: Sharding | Zero | None) -> Zero:
     return Zero(stage, offload)
 
 
-def _sharding(words: str, plan: str, earlier: Sharding | Zero | None) -> Sharding:
-    if earlier is not None:
-        raise InputError(
-            f"invalid plan {plan!r}: {'fsdp' if isinstance(earlier, Sharding) else 'zero'} named "
-            "before: a plan names one sharding (fsdp or zero), once"
-        )
+def _sharding(words: str, plan: str) -> Sharding:
     reshard: bool | int | None = None
     offload = False
     for word in words.split("+"):
@@ -393,11 +383,14 @@ def parse_plan(text: str) -> Plan:
         if part.strip().lower() == "all":
             everything = True
             continue
-        if part.strip().partition(":")[0] == FSDP:
-            sharding = _sharding(part.strip().partition(":")[2], text, sharding)
-            continue
-        if part.strip().partition(":")[0] == ZERO:
-            sharding = _zero(part.strip().partition(":")[2], text, sharding)
+        word, _, words = part.strip().partition(":")
+        if word in (FSDP, ZERO):
+            if sharding is not None:
+                raise InputError(
+                    f"invalid plan {text!r}: {str(sharding).partition(':')[0]} named before: a plan names one "
+                    "sharding (fsdp or zero), once"
+                )
+            sharding = _sharding(words, text) if word == FSDP else _zero(words, text)
             continue
         if part.strip().partition(":")[0] == "own":
             if part.strip() != OWN_OFF or own_off:
