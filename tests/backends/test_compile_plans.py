@@ -159,11 +159,13 @@ def test_the_probe_of_a_script_that_compiles_offers_each_distinct_budget_once(tm
 @pytest.mark.compat  # minutes of real trials: CI's compatibility phase
 def test_compile_plans_train_with_the_loss_and_gradients_of_no_plan_in_real_trials(tmp_path: Path) -> None:
     """Real trials of a script that calls torch.compile itself (inductor): the budget is set as torch is
-    imported, and three budgets give no plan's loss and gradients within 1e-5 (generated kernels may round
-    differently from one partition to another; no dropout, see the check above)."""
+    imported, and a budget's trial gives no plan's loss and gradients within 1e-5 (generated kernels may
+    round differently from one partition to another; no dropout, see the check above, which holds budgets
+    0 and 0.5 to the numbers exactly in this process). One budget: each trial compiles for a minute and a
+    half on CI's loaded machine, and CI has 40 minutes."""
     settings = TrialSettings(warmup_steps=1, measured_steps=1, tight=0)  # numbers, not speed
     results = {}
-    for plan in ("none", "compile:0", "compile:0.4", "compile:0.8"):
+    for plan in ("none", "compile:0.4"):
         out = tmp_path / f"{plan.replace(':', '-')}.pt"
         spec = measure_spec(
             [COMPILED, "--blocks", "2", "--width", "16", "--grads", str(out)],

@@ -142,9 +142,14 @@ def test_two_gpu_trials_are_placed_whole_and_never_share_a_gpu(tmp_path: Path, c
     assert seen["ok"], seen
     assert f"cluster at {cluster.address}: 3 node(s), 7 GPU(s) (" in seen["detail"]  # head, a, b
     assert seen["detail"].endswith("per node), 8 CPU(s)"), seen
+    # Trials started side by side overlap however slowly the machine starts each: the second waits for a third
+    # (loaded, CI's 8 trials of 0.15 s steps had started and ended one after another, 3 at once or not).
+    company = tmp_path / "started"
+    company.mkdir()
+    words = ["--per-sample-mib", "100", "--step-seconds", "0.15", "--company", str(company)]
     spec = _spec(
         tmp_path,
-        [str(SCRIPTS / "fake_gpu_trial.py"), "--per-sample-mib", "100", "--step-seconds", "0.15"],
+        [str(SCRIPTS / "fake_gpu_trial.py"), *words],
         gpus_per_trial=2,
         ray_address=cluster.address,
         trials=10,  # the probe's run, 8 search trials, the verification's 1

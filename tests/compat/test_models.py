@@ -147,11 +147,18 @@ def test_the_probe_finds_the_blocks_and_every_default_plan_completes_and_saves_m
     print(f"{family}: none {none.peak_bytes / MiB:.1f} MiB; " + ", ".join(
         f"{plan} -{(none.peak_bytes - peak) / MiB:.1f}" for plan, peak in peaks.items()
     ))  # fmt: skip
-    # A plan predicted to save what the meter resolves (docs/reliability.md: RSS reads within 8 MiB) peaks lower
-    # than no plan; one predicted to save less (BERT's BertSelfOutput: what it keeps is its neighbours'
-    # too) is only held to no more than no plan within that noise: one torch thread per process (CI's
-    # compatibility phase) read BertSelfOutput:1 0.4 MiB above no plan, two threads 1 MiB below.
-    resolved = {p for p in peaks if saving_per_sample(report, p) * BATCH[family] >= 8 * MiB}
+    # A plan of the outermost block predicted to save what the meter resolves (docs/reliability.md: RSS reads
+    # within 8 MiB) peaks lower than no plan. A plan of a module inside the block is only held to no more than
+    # no plan within that noise, whatever its prediction: what it keeps is partly its neighbours' too
+    # (BertSelfOutput:1 read 0.4 MiB above no plan with one torch thread, 1 MiB below with two; Llama's
+    # LlamaAttention:1, predicted 24.4 MiB, saved 7.8 MiB quiet and read 3.2 MiB above no plan in two loaded
+    # CI runs). The search does not rely on such a prediction: it learns each plan's realized share.
+    resolved = {
+        p
+        for p in peaks
+        if [r.cls for r in parse_plan(p).rules] == [outer]
+        and saving_per_sample(report, p) * BATCH[family] >= 8 * MiB
+    }
     assert resolved >= {f"{outer}:1"}
     assert [plan for plan in resolved if peaks[plan] >= none.peak_bytes] == []
     assert [plan for plan, peak in peaks.items() if peak > none.peak_bytes + 8 * MiB] == []
