@@ -45,6 +45,7 @@ from autotune.core.plans import (
     Sharding,
     Zero,
     parse_plan,
+    recompute_part,
 )
 
 RECOMPUTABLE = ("activation", "softmax", "dropout", "norm", "elementwise")  # cheap to redo; matmuls are kept
@@ -64,6 +65,9 @@ class ProbeRow:
     forward_share: float | None  # share of the forward pass that would be recomputed (None: not measured)
     detail: str = ""
     excluded: str = ""  # why the search leaves it out ("" if it may use it)
+    # bytes a rank no longer holds whatever the batch size (a sharding's: parameters, gradients, optimizer
+    # state; negative: it holds more); 0 where unknown (offload: measured)
+    fixed_saving: int = 0
 
 
 def predicted_saving(data: TorchProbeReport, plan: Plan) -> int:
@@ -203,27 +207,35 @@ def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
     if not data.sharded_blocks or data.shard_ranks < 2:
         return []
     ranks, size, blocks = data.shard_ranks, data.block_parameter_bytes, data.sharded_blocks
+    # "up to": a block's gathered parameters are held from its forward to its backward, so at the peak
+    # (in backward) they are the blocks whose backward has not run yet; the model takes the whole as its prior
     if data.blocks_kept:  # the script keeps them: what resharding would free, at an all-gather's cost
+        freed = round(size * (1 - 1 / ranks))
         out = [
             ProbeRow(
                 "fsdp", str(Sharding(reshard=True)), blocks, 0, 0.0, None,
-                f"up to {_mib(size * (1 - 1 / ranks))} MiB less a rank, one all-gather more",
+                f"up to {_mib(freed)} MiB less a rank, one all-gather more", fixed_saving=freed,
             )
         ]  # fmt: skip
     else:
+        held = round(size * (1 - 1 / ranks))
         out = [
             ProbeRow(
                 "fsdp", str(Sharding(reshard=False)), blocks, 0, 0.0, None,
-                f"up to {_mib(size * (1 - 1 / ranks))} MiB more a rank, one all-gather less",
+                f"up to {_mib(held)} MiB more a rank, one all-gather less", fixed_saving=-held,
             )
         ]  # fmt: skip
     for group in (g for g in range(2, ranks) if ranks % g == 0):
         if data.blocks_kept:
-            change = f"up to {_mib(size * (1 - 1 / group))} MiB less a rank"
+            saving = round(size * (1 - 1 / group))
+            change = f"up to {_mib(saving)} MiB less a rank"
         else:
-            change = f"up to {_mib(size * (1 / group - 1 / ranks))} MiB more a rank"
+            saving = -round(size * (1 / group - 1 / ranks))
+            change = f"up to {_mib(-saving)} MiB more a rank"
         detail = f"{change}, backward's all-gather in groups of {group}"
-        out.append(ProbeRow("fsdp", str(Sharding(reshard=group)), blocks, 0, 0.0, None, detail))
+        out.append(
+            ProbeRow("fsdp", str(Sharding(reshard=group)), blocks, 0, 0.0, None, detail, fixed_saving=saving)
+        )
     offload = ProbeRow(
         "fsdp", str(Sharding(offload=True)), blocks, 0, 0.0, None,
         "parameters, gradients and optimizer state in host memory",
@@ -252,7 +264,11 @@ def _zero_rows(data: TorchProbeReport) -> list[ProbeRow]:
         change = held(own) - held(stage)
         words = f"{_mib(abs(change))} MiB {'less' if change >= 0 else 'more'} a rank than stage {own}"
         gathers = ", parameters gathered for each use" if stage == 3 else ""
-        out.append(ProbeRow("zero", str(Zero(stage)), ranks, 0, 0.0, None, words + gathers))
+        out.append(
+            ProbeRow(
+                "zero", str(Zero(stage)), ranks, 0, 0.0, None, words + gathers, fixed_saving=round(change)
+            )
+        )
     offload = ProbeRow(
         "zero", str(Zero(max(own, 1), offload=True)), ranks, 0, 0.0, None,
         "optimizer state in host memory, its step on the CPU",
@@ -363,6 +379,15 @@ def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, 
         else:
             plans.append(plan)
     return tuple(plans), excluded
+
+
+def fixed_saving(data: ProbeReport, plan: str) -> int:
+    """Bytes a rank no longer holds whatever the batch size under ``plan``: its sharding's (the probe's row
+    for it), 0 for a plan without one, one the probe has no row for, or an ORT probe."""
+    if isinstance(data, OrtProbeReport) or recompute_part(plan) is None:
+        return 0
+    sharding = str(parse_plan(plan).sharding)
+    return next((r.fixed_saving for r in rows(data) if r.plan == sharding), 0)
 
 
 def checked_part(plan: str) -> str:

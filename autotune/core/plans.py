@@ -58,6 +58,7 @@ This module imports no torch: plans are parsed and printed by commands that run 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -487,6 +488,22 @@ def recomputes_at_least(plan: Plan, other: Plan) -> bool:
 def _recomputed(ops: OpPolicy | None) -> set[str]:
     """The operator kinds a checkpointed region recomputes under ``ops`` (all of them without a policy)."""
     return {kind for kind in OP_KINDS if ops is None or not ops.saves(kind)}
+
+
+@functools.lru_cache(
+    maxsize=4096
+)  # the memory model asks it of every plan it predicts, many times a proposal
+def recompute_part(plan: str) -> str | None:
+    """For a plan that names a sharding (fsdp, zero): the rest of it, "none" where there is no rest (what it
+    recomputes, its compile budget, own:off: what sets the activations a sample keeps, which the sharding
+    does not change). None for any other plan, and for text that is not a PyTorch plan (an ORT plan)."""
+    if f"{FSDP}:" not in plan and f"{ZERO}:" not in plan:
+        return None
+    try:
+        parsed = parse_plan(plan)
+    except InputError:
+        return None
+    return None if parsed.sharding is None else str(dataclasses.replace(parsed, sharding=None))
 
 
 def offloads(plan: str) -> bool:

@@ -119,6 +119,7 @@ class Search:
         exhaustive: bool = False,
         sweep: bool = False,
         cost: Cost | None = None,
+        fixed_savings: dict[str, float] | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -128,6 +129,9 @@ class Search:
         self.reporter = reporter
         self.store = store
         self.savings = savings or {}  # the probe's predicted saving per sample of each plan
+        self.fixed_savings = (
+            fixed_savings or {}
+        )  # the probe's: what a sharding plan frees a rank (MemoryModel)
         self.forward_shares = forward_shares or {}  # the probe's share of the forward pass each plan repeats
         self.transfer = transfer or {}  # an offload plan's least seconds per sample to the host and back
         self.fixed_bytes = fixed_bytes  # the probe's weights, gradients and optimizer state
@@ -183,7 +187,7 @@ class Search:
                     counted,
                 )
             return Step.BUSY if busy else Step.FINISHED
-        model = model_of(records, self.savings, self.runner.host_budget, self.limit)
+        model = model_of(records, self.savings, self.runner.host_budget, self.limit, self.fixed_savings)
         self._note_host_caps(model)
         self._check_hopeless(records, model)
         taken = {Configuration(x.batch_size, x.plan) for x in leases}
@@ -413,7 +417,7 @@ class Search:
             lease,
             predict_peak(
                 records,
-                model_of(records, self.savings, self.runner.host_budget, self.limit),
+                model_of(records, self.savings, self.runner.host_budget, self.limit, self.fixed_savings),
                 self.space,
                 lease.batch_size,
                 lease.plan,

@@ -24,6 +24,13 @@ No proposal reaches further than EXTRAPOLATION times the largest batch size meas
 below a batch size that failed a proposal bisects (in the ladder's log scale) between the largest batch
 that fitted and the failure, never one rung at a time (:meth:`MemoryModel.reach`).
 
+A sharding plan (FSDP2's ``fsdp:...``, DeepSpeed's ``zero:...``) changes what a rank holds whatever the batch
+size (parameters, gradients, optimizer state), not what a sample keeps: its peak is modelled as its
+recompute part's (``none`` for ``zero:2``) plus an offset of its own (:meth:`MemoryModel.offset`). Its
+readings share that part's slope in the fit and give the offset, once the part has readings of its own;
+before any reading it is the probe's (what the plan frees a rank, or holds more: ``fixed_savings``), so a
+ZeRO stage that frees the optimizer state is proposed at the batch sizes it may fit, not judged as none.
+
 Measurement always overrules the model: a configuration that was measured is judged by its measurement,
 and a batch that was measured over the limit (or ran out of memory) bounds the larger batch sizes of its
 own plan. Nothing is assumed across plans: a plan predicted (or even measured, at other batch sizes) to
@@ -34,6 +41,7 @@ candidates; only a measurement, or a larger batch of the same plan, rules one ou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -42,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.core.budget import fits
-from autotune.core.plans import offloads
+from autotune.core.plans import offloads, recompute_part
 from autotune.core.protocol import Outcome
 
 MIN_SLOPE_SHARE = 0.05  # no plan keeps less than this share of the activations per sample
@@ -80,6 +88,9 @@ class MemoryModel:
     noise: float = 0.0  # bytes: the half-width of one reading's noise (see memory_noise)
     bounds: dict[str, float] = field(default_factory=dict)  # least slope per plan its censored peaks allow
     host_limit: int | None = None  # bytes of host memory a trial may hold (None: unbounded)
+    # the probe's: bytes a sharding plan frees a rank whatever the batch size (negative: holds more)
+    fixed_savings: dict[str, float] = field(default_factory=dict)
+    offsets: dict[str, float] = field(default_factory=dict)  # fitted: bytes a sharding plan adds to fixed
 
     @classmethod
     def fit(
@@ -87,40 +98,50 @@ class MemoryModel:
         observations: Sequence[Observation],
         savings: dict[str, float] | None = None,
         host_limit: int | None = None,
+        fixed_savings: dict[str, float] | None = None,
     ) -> MemoryModel:
         complete = [o for o in observations if o.complete]
         plans = sorted({o.plan for o in complete})
         calibrated = any(len({o.batch_size for o in complete if o.plan == p}) >= 2 for p in plans)
         noise = memory_noise(observations)
-        if not calibrated:
-            return cls(
-                observations=tuple(observations),
-                savings=dict(savings or {}),
-                noise=noise,
-                host_limit=host_limit,
-            )
-        # Least squares on [fixed, slope(plan_1), ..., slope(plan_k)].
-        rows = np.zeros((len(complete), 1 + len(plans)))
-        rows[:, 0] = 1.0
-        for i, o in enumerate(complete):
-            rows[i, 1 + plans.index(o.plan)] = o.batch_size
-        peaks = np.array([o.peak_bytes for o in complete], dtype=float)
-        solution = np.linalg.lstsq(rows, peaks, rcond=None)[0]
-        slopes = {plan: max(float(s), 1.0) for plan, s in zip(plans, solution[1:], strict=True)}
-        fixed = max(float(solution[0]), 0.0)
-        bounds: dict[str, float] = {}
-        for o in observations:  # a censored peak: the plan's slope is at least what reaches it
-            if not o.complete and o.batch_size > 0:
-                bounds[o.plan] = max(bounds.get(o.plan, 0.0), (o.peak_bytes - fixed) / o.batch_size)
-        return cls(
-            fixed=fixed,
-            per_sample=slopes,
+        model = cls(
             observations=tuple(observations),
             savings=dict(savings or {}),
             noise=noise,
-            bounds=bounds,
             host_limit=host_limit,
+            fixed_savings=dict(fixed_savings or {}),
         )
+        if not calibrated:
+            return model
+        # Least squares on [fixed, slope(plan_1), ..., slope(plan_k), offset(sharded_1), ...]: a sharding
+        # plan whose recompute part has readings of its own shares that part's slope and has an offset;
+        # any other plan a slope of its own (a sharding plan's then carries its offset at its batch sizes).
+        parts = {p: recompute_part(p) for p in plans}
+        shared = {p: part for p, part in parts.items() if part in plans and parts[part] is None}
+        sloped = [p for p in plans if p not in shared]
+        sharded = sorted(shared)
+        rows = np.zeros((len(complete), 1 + len(sloped) + len(sharded)))
+        rows[:, 0] = 1.0
+        for i, o in enumerate(complete):
+            rows[i, 1 + sloped.index(shared.get(o.plan, o.plan))] = o.batch_size
+            if o.plan in shared:
+                rows[i, 1 + len(sloped) + sharded.index(o.plan)] = 1.0
+        peaks = np.array([o.peak_bytes for o in complete], dtype=float)
+        solution = np.linalg.lstsq(rows, peaks, rcond=None)[0]
+        slopes = {
+            plan: max(float(s), 1.0) for plan, s in zip(sloped, solution[1 : 1 + len(sloped)], strict=True)
+        }
+        slopes.update({plan: slopes[part] for plan, part in shared.items()})
+        offsets = {plan: float(x) for plan, x in zip(sharded, solution[1 + len(sloped) :], strict=True)}
+        model = dataclasses.replace(
+            model, fixed=max(float(solution[0]), 0.0), per_sample=slopes, offsets=offsets
+        )
+        bounds: dict[str, float] = {}
+        for o in observations:  # a censored peak: the plan's slope is at least what reaches it
+            if not o.complete and o.batch_size > 0:
+                reached = (o.peak_bytes - model.fixed - model.offset(o.plan)) / o.batch_size  # type: ignore[operator]
+                bounds[o.plan] = max(bounds.get(o.plan, 0.0), reached)
+        return dataclasses.replace(model, bounds=bounds)
 
     @property
     def calibrated(self) -> bool:
@@ -150,7 +171,24 @@ class MemoryModel:
         """Predicted peak in bytes, or None before calibration."""
         if self.fixed is None:
             return None
-        return self.fixed + batch_size * self.slope(plan)
+        return self.fixed + self.offset(plan) + batch_size * self.slope(plan)
+
+    def offset(self, plan: str) -> float:
+        """Bytes ``plan`` adds to ``fixed`` whatever the batch size (negative: it frees them): a sharding
+        plan's, fitted where it shares its recompute part's slope, else (not measured) the probe's; 0 for a
+        plan without a sharding, and for one measured with a slope of its own, which carries it."""
+        if plan in self.offsets:
+            return self.offsets[plan]
+        if plan in self.per_sample:
+            return 0.0
+        return -self.fixed_savings.get(plan, 0.0)
+
+    def optimistic_offset(self, plan: str) -> float:
+        """The least ``plan`` may add to ``fixed``: fitted, else the probe's where it frees memory, else 0
+        (what the probe says a sharding holds more is an upper bound: "up to")."""
+        if plan in self.offsets or plan in self.per_sample:
+            return self.offset(plan)
+        return min(self.offset(plan), 0.0)
 
     def slope(self, plan: str) -> float:
         """Bytes per sample of ``plan``: measured, else none's minus the predicted saving, else the largest;
@@ -160,6 +198,9 @@ class MemoryModel:
     def _slope(self, plan: str) -> float:
         if plan in self.per_sample:
             return self.per_sample[plan]
+        part = recompute_part(plan)  # a sharding keeps its recompute part's activations a sample
+        if part is not None and part in self.per_sample:
+            return self.per_sample[part]
         if "none" in self.per_sample and plan in self.savings:
             return max(
                 self.per_sample["none"] - self.realized * self.savings[plan],
@@ -230,6 +271,9 @@ class MemoryModel:
         probe's predicted saving, else (nothing known) MIN_SLOPE_SHARE of the smallest slope measured."""
         if plan in self.per_sample:
             return self.per_sample[plan]
+        part = recompute_part(plan)
+        if part is not None and part in self.per_sample:
+            return self.per_sample[part]
         floor = MIN_SLOPE_SHARE * min(self.per_sample.values())
         if "none" in self.per_sample and plan in self.savings:
             return max(self.per_sample["none"] - SAVING_DOUBT * self.savings[plan], floor)
@@ -247,7 +291,7 @@ class MemoryModel:
             for b in batch_sizes
             if (ceiling is None or b < ceiling)
             and (host is None or b <= host)
-            and self.fixed + b * self.optimistic_slope(plan) <= limit
+            and self.fixed + self.optimistic_offset(plan) + b * self.optimistic_slope(plan) <= limit
         ]
         return max(fitting, default=None)
 

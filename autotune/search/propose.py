@@ -80,10 +80,12 @@ def model_of(
     savings: dict[str, float] | None = None,
     host_limit: int | None = None,
     limit: int | None = None,
+    fixed_savings: dict[str, float] | None = None,
 ) -> MemoryModel:
     """The memory model fitted to every measured peak (an OOM's peak as a lower bound), but, given the
     ``limit``, a warm process's over it where a process of its own read the configuration
-    (records.superseded); ``host_limit``: the host budget an offload plan's pinned memory must stay within."""
+    (records.superseded); ``host_limit``: the host budget an offload plan's pinned memory must stay within;
+    ``savings`` and ``fixed_savings``: the probe's (see MemoryModel)."""
     records = list(records)
     out = superseded(records, limit) if limit is not None else set()
     return MemoryModel.fit(
@@ -98,6 +100,7 @@ def model_of(
         ],
         savings,
         host_limit,
+        fixed_savings,
     )
 
 
@@ -319,7 +322,10 @@ def unbalanced(records: Iterable[TrialRecord]) -> bool:
 
 
 def rank_models(
-    records: Iterable[TrialRecord], world_size: int, savings: dict[str, float]
+    records: Iterable[TrialRecord],
+    world_size: int,
+    savings: dict[str, float],
+    fixed_savings: dict[str, float] | None = None,
 ) -> list[MemoryModel]:
     """A memory model per rank, fitted to that rank's own peaks under the plan it applied. A rank that was
     stopped because another ended the trial says nothing about its own fit and is left out."""
@@ -334,7 +340,7 @@ def rank_models(
             seen[rank.rank].append(
                 Observation(record.batch_size, entry, rank.peak_bytes, rank.outcome is Outcome.COMPLETE)
             )
-    return [MemoryModel.fit(observations, savings) for observations in seen]
+    return [MemoryModel.fit(observations, savings, fixed_savings=fixed_savings) for observations in seen]
 
 
 def rank_frontier(
@@ -345,7 +351,7 @@ def rank_frontier(
     (a balanced job gains nothing from plans that differ by rank)."""
     if not space.rank_plans or not unbalanced(records):
         return {}
-    models = rank_models(records, space.world_size, model.savings)
+    models = rank_models(records, space.world_size, model.savings, model.fixed_savings)
     if not all(m.calibrated for m in models):
         return {}
     frontier: dict[str, tuple[int | None, int | None]] = {}
@@ -363,7 +369,7 @@ def predict_peak(
     """The predicted peak of ``plan`` at ``batch``: for a plan per rank, its heaviest rank's by the ranks'
     own models (once each is calibrated), else the trial's model."""
     if "|" in plan and space.world_size > 1:
-        models = rank_models(records, space.world_size, model.savings)
+        models = rank_models(records, space.world_size, model.savings, model.fixed_savings)
         entries = parse_plan(plan).entries
         if len(entries) == len(models) and all(m.calibrated for m in models):
             return max(m.predict(batch, str(e)) or 0.0 for m, e in zip(models, entries, strict=True))

@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from autotune.backends.probe import GPU_ONLY, check_plans, forward_share, saving_per_sample
+from autotune.backends.probe import GPU_ONLY, check_plans, fixed_saving, forward_share, saving_per_sample
 from autotune.backends.probe_report import ProbeReport, TorchProbeReport
 from autotune.core.budget import Limit
 from autotune.core.paths import cache_dir
@@ -51,6 +51,7 @@ class ResolvedJob:
     forward_shares: dict[str, float]  # the probe's share of the forward pass each plan repeats
     fixed_bytes: int | None  # the probe's weights, gradients and optimizer state
     transfer: dict[str, float]  # an offload plan's least seconds per sample to the host and back
+    fixed_savings: dict[str, float]  # the probe's: what a sharding plan frees a rank whatever the batch size
 
     def left_out(self, named: bool) -> list[str]:
         """The plans the search leaves out, each with why: ``named``, those the user named (said at once,
@@ -81,6 +82,7 @@ class ResolvedJob:
             forward_shares=self.forward_shares,
             fixed_bytes=self.fixed_bytes,
             transfer=self.transfer,
+            fixed_savings=self.fixed_savings,
             headroom=self.limit.headroom,
             exhaustive=self.spec.exhaustive,
             sweep=self.spec.backend is Backend.TORCH
@@ -183,6 +185,7 @@ def resolve(
     return ResolvedJob(
         spec, device, limit, store, workload, space, row, _savings(probe, space), runner, probes_run,
         _forward_shares(probe, space), _fixed_bytes(probe), _transfer(probe, space),
+        _fixed_savings(probe, space),
     )  # fmt: skip
 
 
@@ -192,6 +195,15 @@ def _study_row(spec: TuneSpec, workload: Workload, limit: Limit, space: SearchSp
     key = study_key(workload, limit.budget_bytes, spec.headroom, space.as_dict(), steps, spec.settings.phases)
     name = spec.study or default_study_name(workload, key)
     return StudyRow(name, workload.fingerprint, key, limit.budget_bytes, spec.headroom, space.as_dict())
+
+
+def _fixed_savings(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:
+    """What the probe says each sharding plan of the space frees a rank whatever the batch size (negative:
+    holds more); plans it says nothing of are left out."""
+    if probe is None:
+        return {}
+    known = {plan: float(fixed_saving(probe, plan)) for plan in space.uniform_plans}
+    return {plan: saving for plan, saving in known.items() if saving}
 
 
 def _forward_shares(probe: ProbeReport | None, space: SearchSpace) -> dict[str, float]:

@@ -189,7 +189,7 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
     chosen = choose(
         records,
         [c for c in contenders if c in fitting],
-        model_of(records, search.savings, limit=search.limit).noise,
+        model_of(records, search.savings, limit=search.limit, fixed_savings=search.fixed_savings).noise,
     )
     return _store(search, lease, chosen, records)
 
@@ -258,7 +258,11 @@ def _within_cost(search: Search, contenders: list[Configuration]) -> tuple[list[
             return contenders, 0
         # the run kept for the verification reads the one chosen from the readings at hand, alone: its peak
         # in a process of its own, settled, and a longer reading of its speed
-        chosen = choose(records, contenders, model_of(records, search.savings, limit=search.limit).noise)
+        chosen = choose(
+            records,
+            contenders,
+            model_of(records, search.savings, limit=search.limit, fixed_savings=search.fixed_savings).noise,
+        )
         search.reporter.note(
             f"the verification measures {_name(chosen)} alone, chosen from the readings at hand over "
             f"{len(contenders) - 1} rival{'s' if len(contenders) > 2 else ''}: {why}"

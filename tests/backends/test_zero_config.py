@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.deepspeed_zero import _config, _with_zero
-from autotune.backends.probe import GPU_ONLY, default_plans, rows
+from autotune.backends.probe import GPU_ONLY, default_plans, fixed_saving, rows
 from autotune.backends.probe_report import TorchProbeReport
 from autotune.cli.render_trial import fixed_text
 from autotune.core.errors import InputError
@@ -88,6 +88,19 @@ def test_the_probe_offers_each_other_stage_with_what_a_rank_holds_and_offload_on
         "zero:3": ("100.00 MiB less a rank than stage 1, parameters gathered for each use", ""),
         "zero:1+offload": ("optimizer state in host memory, its step on the CPU", GPU_ONLY),
     }
+    # the same as numbers, for the search's memory model (offload: measured, 0)
+    assert {r.plan: r.fixed_saving for r in rows(data) if r.level == "zero"} == {
+        "zero:0": -100 * mib,
+        "zero:2": 50 * mib,
+        "zero:3": 100 * mib,
+        "zero:1+offload": 0,
+    }
+    assert [fixed_saving(data, p) for p in ("zero:2", "Block:1,zero:3", "none", "Block:1")] == [
+        50 * mib,
+        100 * mib,
+        0,
+        0,
+    ]
     plans, excluded = default_plans(data)
     assert plans[1:4] == ("zero:0", "zero:2", "zero:3") and excluded["zero:1+offload"] == GPU_ONLY
     on_gpu = dataclasses.replace(data, gpu=True)
@@ -104,3 +117,23 @@ def test_the_probe_says_its_fixed_memory_is_this_rank_s_where_it_is_sharded() ->
     assert fixed_text(dataclasses.replace(zero, zero_stage=0)) == fixed_text(plain)  # stage 0 shards nothing
     fsdp = dataclasses.replace(plain, sharded_blocks=4, shard_ranks=2)
     assert fixed_text(fsdp).endswith(" (this rank's: sharded over 2 ranks)")
+
+
+def test_the_probe_says_what_each_fsdp_plan_holds_or_frees_a_rank_as_a_number() -> None:
+    """Blocks of 120 MiB of parameters in all, sharded over 4 ranks (30 MiB a rank): keeping them unsharded
+    after forward holds up to the other 90 MiB; resharding to groups of 2 holds up to 30 MiB more (60 of
+    120). A script that keeps them: resharding frees up to 90 MiB, groups of 2 up to 60."""
+    mib = 2**20
+    data = dataclasses.replace(probe_data(), sharded_blocks=4, shard_ranks=4, block_parameter_bytes=120 * mib)
+    assert {r.plan: r.fixed_saving for r in rows(data) if r.level == "fsdp"} == {
+        "fsdp:keep": -90 * mib,
+        "fsdp:2": -30 * mib,
+        "fsdp:offload": 0,
+    }
+    kept = dataclasses.replace(data, blocks_kept=True)
+    assert {r.plan: r.fixed_saving for r in rows(kept) if r.level == "fsdp"} == {
+        "fsdp:reshard": 90 * mib,
+        "fsdp:2": 60 * mib,
+        "fsdp:offload": 0,
+    }
+    assert fixed_saving(kept, "fsdp:reshard") == 90 * mib

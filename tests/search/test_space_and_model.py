@@ -76,6 +76,41 @@ def test_model_fits_shared_fixed_memory_and_per_plan_slopes() -> None:
     assert model.predict(10, "unmeasured") == pytest.approx(200 * MiB)  # borrows the largest slope
 
 
+def test_a_sharding_plan_keeps_its_recompute_part_s_slope_and_frees_or_holds_a_fixed_amount() -> None:
+    """none: 100 MiB fixed, 10 MiB a sample. The probe says zero:2 frees a rank 60 MiB and fsdp:keep holds
+    up to 30 MiB more. Unmeasured, each is none's slope shifted by what the probe says (what fsdp:keep may
+    hold is an upper bound: optimistically, nothing); measured once, by what it read, at every batch size;
+    a plan with recompute takes that recompute's slope (A: 5 MiB a sample, measured)."""
+    batches = (1, 2, 4, 8, 16, 32)
+    fixed_savings = {"zero:2": 60 * MiB, "fsdp:keep": -30 * MiB, "A:1,zero:2": 60 * MiB}
+    calibration = [obs(1, "none", 110), obs(4, "none", 140), obs(8, "A:1", 140)]
+    model = MemoryModel.fit(calibration, fixed_savings=fixed_savings)
+    assert model.predict(8, "zero:2") == pytest.approx((100 - 60 + 80) * MiB)
+    assert model.predict(8, "fsdp:keep") == pytest.approx((100 + 30 + 80) * MiB)
+    assert model.predict(8, "A:1,zero:2") == pytest.approx((100 - 60 + 40) * MiB)
+    assert model.largest_fitting("zero:2", batches, 155 * MiB) == 8  # none: 4
+    assert model.largest_fitting("fsdp:keep", batches, 155 * MiB) == 2
+    assert model.largest_possible("fsdp:keep", batches, 155 * MiB) == 4  # as none: may hold nothing more
+    # measured once each: zero:2 freed 45 MiB, fsdp:keep held 10 MiB more, at none's slope
+    model = MemoryModel.fit(
+        [*calibration, obs(2, "zero:2", 75), obs(4, "fsdp:keep", 150)], fixed_savings=fixed_savings
+    )
+    assert model.offsets == pytest.approx({"zero:2": -45 * MiB, "fsdp:keep": 10 * MiB})
+    assert model.slope("zero:2") == model.slope("fsdp:keep") == pytest.approx(10 * MiB)
+    assert model.predict(16, "zero:2") == pytest.approx((100 - 45 + 160) * MiB)
+    assert model.predict(16, "fsdp:keep") == pytest.approx((100 + 10 + 160) * MiB)
+    # stopped over the budget at 8: a censored peak bounds the slope above what its offset leaves
+    model = MemoryModel.fit(
+        [*calibration, obs(2, "zero:2", 75), obs(8, "zero:2", 160, complete=False)],
+        fixed_savings=fixed_savings,
+    )
+    assert model.slope("zero:2") == pytest.approx((160 - 100 + 45) / 8 * MiB)
+    # no reading of its recompute part: a slope of its own, which carries what it frees (as any plan's)
+    model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140), obs(4, "B:1,zero:2", 130)])
+    assert (model.offsets, model.offset("B:1,zero:2")) == ({}, 0.0)
+    assert model.predict(4, "B:1,zero:2") == pytest.approx(130 * MiB)
+
+
 def test_largest_fitting_batch_and_measurement_overrules_the_model() -> None:
     batches = (1, 2, 4, 8, 16, 32)
     model = MemoryModel.fit([obs(1, "none", 110), obs(4, "none", 140)])
