@@ -207,35 +207,40 @@ def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
     if not data.sharded_blocks or data.shard_ranks < 2:
         return []
     ranks, size, blocks = data.shard_ranks, data.block_parameter_bytes, data.sharded_blocks
-    # "up to": a block's gathered parameters are held from its forward to its backward, so at the peak
-    # (in backward) they are the blocks whose backward has not run yet; the model takes the whole as its prior
+    # What a rank holds of the blocks' gathered parameters changes by "up to" the detail's bytes: all the
+    # blocks' at backward's start, where the activations peak too. FSDP2's default holds two of them there
+    # anyway (the block in backward and the one prefetched), so the number the memory model takes is the
+    # other blocks' share (on this CPU, 2 and 4 ranks: fsdp:keep read 33-37 and 49-53 MiB over none where
+    # this says 32 and 48; bench/results/sharding-cpu.txt).
+    at_peak = max(blocks - 2, 0) / blocks
     if data.blocks_kept:  # the script keeps them: what resharding would free, at an all-gather's cost
-        freed = round(size * (1 - 1 / ranks))
+        freed = size * (1 - 1 / ranks)
         out = [
             ProbeRow(
                 "fsdp", str(Sharding(reshard=True)), blocks, 0, 0.0, None,
-                f"up to {_mib(freed)} MiB less a rank, one all-gather more", fixed_saving=freed,
+                f"up to {_mib(freed)} MiB less a rank, one all-gather more",
+                fixed_saving=round(freed * at_peak),
             )
         ]  # fmt: skip
     else:
-        held = round(size * (1 - 1 / ranks))
+        held = size * (1 - 1 / ranks)
         out = [
             ProbeRow(
                 "fsdp", str(Sharding(reshard=False)), blocks, 0, 0.0, None,
-                f"up to {_mib(held)} MiB more a rank, one all-gather less", fixed_saving=-held,
+                f"up to {_mib(held)} MiB more a rank, one all-gather less",
+                fixed_saving=-round(held * at_peak),
             )
         ]  # fmt: skip
     for group in (g for g in range(2, ranks) if ranks % g == 0):
         if data.blocks_kept:
-            saving = round(size * (1 - 1 / group))
+            saving = size * (1 - 1 / group)
             change = f"up to {_mib(saving)} MiB less a rank"
         else:
-            saving = -round(size * (1 / group - 1 / ranks))
+            saving = -size * (1 / group - 1 / ranks)
             change = f"up to {_mib(-saving)} MiB more a rank"
         detail = f"{change}, backward's all-gather in groups of {group}"
-        out.append(
-            ProbeRow("fsdp", str(Sharding(reshard=group)), blocks, 0, 0.0, None, detail, fixed_saving=saving)
-        )
+        row = ProbeRow("fsdp", str(Sharding(reshard=group)), blocks, 0, 0.0, None, detail)
+        out.append(replace(row, fixed_saving=round(saving * at_peak)))
     offload = ProbeRow(
         "fsdp", str(Sharding(offload=True)), blocks, 0, 0.0, None,
         "parameters, gradients and optimizer state in host memory",

@@ -139,7 +139,8 @@ class MemoryModel:
         bounds: dict[str, float] = {}
         for o in observations:  # a censored peak: the plan's slope is at least what reaches it
             if not o.complete and o.batch_size > 0:
-                reached = (o.peak_bytes - model.fixed - model.offset(o.plan)) / o.batch_size  # type: ignore[operator]
+                above = o.peak_bytes - (model.fixed or 0.0) - model.offset(o.plan)
+                reached = above / o.batch_size
                 bounds[o.plan] = max(bounds.get(o.plan, 0.0), reached)
         return dataclasses.replace(model, bounds=bounds)
 

@@ -120,20 +120,25 @@ def test_the_probe_says_its_fixed_memory_is_this_rank_s_where_it_is_sharded() ->
 
 
 def test_the_probe_says_what_each_fsdp_plan_holds_or_frees_a_rank_as_a_number() -> None:
-    """Blocks of 120 MiB of parameters in all, sharded over 4 ranks (30 MiB a rank): keeping them unsharded
-    after forward holds up to the other 90 MiB; resharding to groups of 2 holds up to 30 MiB more (60 of
-    120). A script that keeps them: resharding frees up to 90 MiB, groups of 2 up to 60."""
+    """4 blocks of 120 MiB of parameters in all, sharded over 4 ranks (30 MiB a rank): keeping them unsharded
+    after forward holds up to the other 90 MiB, of which FSDP2's default holds two blocks' at backward's start
+    anyway (the block in backward, the one prefetched): 45 MiB more; resharding to groups of 2 up to 30 MiB
+    more, 15 at the peak. A script that keeps them: resharding frees 45 MiB, groups of 2 30 (of up to 60).
+    Two blocks: nothing either way at the peak."""
     mib = 2**20
     data = dataclasses.replace(probe_data(), sharded_blocks=4, shard_ranks=4, block_parameter_bytes=120 * mib)
-    assert {r.plan: r.fixed_saving for r in rows(data) if r.level == "fsdp"} == {
-        "fsdp:keep": -90 * mib,
-        "fsdp:2": -30 * mib,
-        "fsdp:offload": 0,
+    table = {r.plan: (r.detail, r.fixed_saving) for r in rows(data) if r.level == "fsdp"}
+    assert table == {
+        "fsdp:keep": ("up to 90.00 MiB more a rank, one all-gather less", -45 * mib),
+        "fsdp:2": ("up to 30.00 MiB more a rank, backward's all-gather in groups of 2", -15 * mib),
+        "fsdp:offload": ("parameters, gradients and optimizer state in host memory", 0),
     }
     kept = dataclasses.replace(data, blocks_kept=True)
     assert {r.plan: r.fixed_saving for r in rows(kept) if r.level == "fsdp"} == {
-        "fsdp:reshard": 90 * mib,
-        "fsdp:2": 60 * mib,
+        "fsdp:reshard": 45 * mib,
+        "fsdp:2": 30 * mib,
         "fsdp:offload": 0,
     }
-    assert fixed_saving(kept, "fsdp:reshard") == 90 * mib
+    assert fixed_saving(kept, "fsdp:reshard") == 45 * mib
+    two = dataclasses.replace(data, sharded_blocks=2)
+    assert {r.fixed_saving for r in rows(two) if r.level == "fsdp"} == {0}
