@@ -74,9 +74,10 @@ def engine(stage: int, optimizer: str = "cpu", param: str | None = None) -> dict
 def test_each_zero_plan_reaches_every_rank_s_engine_and_keeps_the_numbers(tmp_path: Path) -> None:
     """The script's own config says stage 0; each plan's stage and offload are what DeepSpeed's engine runs
     on both ranks. Rank 0's first loss and gradients (gathered by DeepSpeed) equal stage 0's bit for bit at
-    stage 2 (stage 1 read the same, by hand: its trials are left out of CI's time); at stage 3 the loss does,
-    and the gradients to float32's rounding of a sum taken in another order (stage 3 reduce-scatters each
-    gradient: 3e-7 of the largest here)."""
+    stage 2 (stage 1 read the same, by hand: its trials are left out of CI's time); at stage 3 the loss and
+    the gradients to float32's rounding (stage 3 gathers each parameter into buffers of its own for the
+    forward: the loss read one ulp off, 7e-8 of it, on one of this project's CPUs and equal on another; it
+    reduce-scatters each gradient, a sum taken in another order: 3e-7 of the largest)."""
     expected = {
         "none": engine(0, None),
         "zero:2+offload": engine(2),
@@ -91,7 +92,10 @@ def test_each_zero_plan_reaches_every_rank_s_engine_and_keeps_the_numbers(tmp_pa
     own = numbers["none"]
     assert len(own["grads"]) == 4 * 6 + 2
     for plan in ("zero:2+offload", "zero:3+offload"):
-        assert torch.equal(numbers[plan]["loss"], own["loss"]), plan
+        if plan.startswith("zero:3"):  # one float32 ulp off on one CPU here, equal on another
+            assert float((numbers[plan]["loss"] - own["loss"]).abs()) <= 1e-6 * float(own["loss"].abs()), plan
+        else:
+            assert torch.equal(numbers[plan]["loss"], own["loss"]), plan
         assert numbers[plan]["grads"].keys() == own["grads"].keys()
         for name, grad in own["grads"].items():
             if plan.startswith("zero:3"):
