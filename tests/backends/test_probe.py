@@ -191,6 +191,7 @@ def test_probe_json_schema_and_the_candidates_of_the_example_transformer(gpt_pro
         "forward_share",
         "detail",
         "excluded",
+        "fixed_saving",
     } == set(gpt_probe["candidates"][0])
     # Every plan the search may use was checked on the model against no plan, and passed.
     assert {row["plan"] for row in gpt_probe["candidates"] if not row["excluded"]} >= {
