@@ -61,7 +61,8 @@ def test_the_decorator_searches_in_its_process_then_trains_at_the_answer_with_it
 
 
 def test_a_configuration_over_the_budget_is_stopped_inside_the_process_which_goes_on(tmp_path: Path) -> None:
-    result, _ = found(tmp_path, budget="520MB", batch_sizes="4,512", plans=["none"])
+    result, lines = found(tmp_path, budget="520MB", batch_sizes="4,512", plans=["none"])
+    assert "error" not in result, (result["error"], lines[-3000:])
     over = [r for r in result["records"] if r[0] == 512]
     assert over and all(r[2] == "over-budget" and r[3] > result["limit_bytes"] for r in over)
     assert (result["batch"], result["plan"]) == (4, "none")
