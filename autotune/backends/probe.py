@@ -399,7 +399,7 @@ def checked_part(plan: str) -> str:
     """What of a plan (one rank's entry) the probe's check tries on the script's model in its process: all of
     it but a sharding (fsdp, zero), which the script's own fully_shard or deepspeed.initialize takes before
     the first forward, and which keeps the script's own numbers by FSDP's and DeepSpeed's design."""
-    return str(dataclasses.replace(parse_plan(plan), sharding=None))
+    return recompute_part(plan) or str(parse_plan(plan))
 
 
 def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -490,9 +490,8 @@ def _recomputed(ops: OpPolicy | None) -> set[str]:
     return {kind for kind in OP_KINDS if ops is None or not ops.saves(kind)}
 
 
-@functools.lru_cache(
-    maxsize=4096
-)  # the memory model asks it of every plan it predicts, many times a proposal
+# the memory model asks it of every plan it predicts, many times a proposal
+@functools.lru_cache(maxsize=4096)
 def recompute_part(plan: str) -> str | None:
     """For a plan that names a sharding (fsdp, zero): the rest of it, "none" where there is no rest (what it
     recomputes, its compile budget, own:off: what sets the activations a sample keeps, which the sharding

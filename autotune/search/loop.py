@@ -129,9 +129,8 @@ class Search:
         self.reporter = reporter
         self.store = store
         self.savings = savings or {}  # the probe's predicted saving per sample of each plan
-        self.fixed_savings = (
-            fixed_savings or {}
-        )  # the probe's: what a sharding plan frees a rank (MemoryModel)
+        # the probe's: what a sharding plan frees a rank whatever the batch size (MemoryModel)
+        self.fixed_savings = fixed_savings or {}
         self.forward_shares = forward_shares or {}  # the probe's share of the forward pass each plan repeats
         self.transfer = transfer or {}  # an offload plan's least seconds per sample to the host and back
         self.fixed_bytes = fixed_bytes  # the probe's weights, gradients and optimizer state

@@ -186,7 +186,7 @@ class MemoryModel:
 
     def optimistic_offset(self, plan: str) -> float:
         """The least ``plan`` may add to ``fixed``: fitted, else the probe's where it frees memory, else 0
-        (what the probe says a sharding holds more is an upper bound: "up to")."""
+        (what the probe says a sharding holds more is its estimate of an "up to": it may hold less)."""
         if plan in self.offsets or plan in self.per_sample:
             return self.offset(plan)
         return min(self.offset(plan), 0.0)
@@ -196,12 +196,16 @@ class MemoryModel:
         never less than its censored peaks allow."""
         return max(self._slope(plan), self.bounds.get(plan, 0.0))
 
+    def _measured_slope(self, plan: str) -> float | None:
+        """``plan``'s fitted slope, else its recompute part's (a sharding keeps that part's activations a
+        sample); None if neither was measured."""
+        part = recompute_part(plan)
+        return self.per_sample.get(plan, self.per_sample.get(part) if part is not None else None)
+
     def _slope(self, plan: str) -> float:
-        if plan in self.per_sample:
-            return self.per_sample[plan]
-        part = recompute_part(plan)  # a sharding keeps its recompute part's activations a sample
-        if part is not None and part in self.per_sample:
-            return self.per_sample[part]
+        measured = self._measured_slope(plan)
+        if measured is not None:
+            return measured
         if "none" in self.per_sample and plan in self.savings:
             return max(
                 self.per_sample["none"] - self.realized * self.savings[plan],
@@ -270,11 +274,9 @@ class MemoryModel:
     def optimistic_slope(self, plan: str) -> float:
         """The fewest bytes per sample ``plan`` may take: measured, else none's minus SAVING_DOUBT times the
         probe's predicted saving, else (nothing known) MIN_SLOPE_SHARE of the smallest slope measured."""
-        if plan in self.per_sample:
-            return self.per_sample[plan]
-        part = recompute_part(plan)
-        if part is not None and part in self.per_sample:
-            return self.per_sample[part]
+        measured = self._measured_slope(plan)
+        if measured is not None:
+            return measured
         floor = MIN_SLOPE_SHARE * min(self.per_sample.values())
         if "none" in self.per_sample and plan in self.savings:
             return max(self.per_sample["none"] - SAVING_DOUBT * self.savings[plan], floor)
