@@ -10,13 +10,20 @@ the model's own when its output carries one (a Hugging Face model given labels),
 every floating output that has gradients (the mean of its squares), so that every gradient depends on the
 values the plan recomputes.
 
+A sharding FSDP2 takes on a model it has sharded already (``fsdp:keep``, ``fsdp:reshard``, alone or with
+recompute rules) is checked the same way: the script's blocks are set to it for the plan's step through
+FSDP2's own ``set_reshard_after_forward`` and set back afterwards (autotune.backends.torch_sharding
+.resharded); every rank checks its own gradient shards. A reshard group, offload or a ZeRO stage is taken
+only as the model is sharded: what is checked of such a plan is the rest of it (autotune.backends.probe
+.checked_part).
+
 A model of several module trees (an embedding, a body and a head that the script calls in turn: see
 autotune.backends.torch_model) is checked tree by tree in one step: each tree on the inputs it had in the
 probe's recorded step, their losses summed.
 
 A check proves that its plan ran: the forwards the plan's rules recompute or offload are counted during its
 step (none counted: the check fails, saying so), and so are the script's own checkpoints that ``own:off`` runs
-plainly and the graphs a compile budget partitioned. A plan applied to nothing would otherwise pass with a
+plainly, the graphs a compile budget partitioned and the FSDP2 blocks whose forward ended as a sharding asks. A plan applied to nothing would otherwise pass with a
 difference of 0.
 
 Tolerance, relative to the reference (the loss; the largest gradient of any parameter): 1e-5 for 32-bit
@@ -40,8 +47,8 @@ from torch.utils._pytree import tree_map_only
 
 from autotune.backends.probe_report import PlanCheck
 from autotune.backends.torch_modules import RAN, plan_applied
-from autotune.backends.torch_sharding import local_tensor
-from autotune.core.plans import Plan, parse_plan
+from autotune.backends.torch_sharding import local_tensor, resharded
+from autotune.core.plans import Plan, Sharding, parse_plan
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 Run = tuple[nn.Module, Inputs]  # a module tree of the model and the inputs it was called with
@@ -80,17 +87,20 @@ def check_plans_of(model: nn.Module, runs: Sequence[Run], plans: Sequence[str]) 
         for plan in plans:
             parsed = parse_plan(plan)
             before = dict(RAN)
-            partitioned = [0]
+            partitioned, ended = [0], [0]
+            sharding = parsed.sharding if isinstance(parsed.sharding, Sharding) else None
             try:
                 with (
                     plan_applied(model, parsed),
+                    resharded(model, sharding, ended),
                     _compiled([module for module, _ in runs], parsed.compile_budget, partitioned) as run,
                 ):
                     result = _one_step(run, params, runs, buffers)
             except Exception as error:
                 checks.append(PlanCheck(plan, error=one_line(error)))
                 continue
-            idle = _did_nothing(parsed, {k: RAN[k] - before[k] for k in RAN}, partitioned[0])
+            ran = {k: RAN[k] - before[k] for k in RAN}
+            idle = _did_nothing(parsed, ran, partitioned[0]) or _not_resharded(sharding, ended[0])
             checks.append(
                 PlanCheck(plan, error=idle) if idle else _compare(plan, reference, result, tolerance)
             )
@@ -111,6 +121,14 @@ def _did_nothing(plan: Plan, ran: dict[str, int], partitioned: int) -> str | Non
     if plan.compile_budget is not None and not compiled:
         return "the compile budget ran nowhere in the check step: nothing was compiled"
     return None
+
+
+def _not_resharded(sharding: Sharding | None, ended: int) -> str | None:
+    """Why the check of a sharding FSDP2 takes after sharding proves nothing (no block's forward ended as
+    it asks), or None; a sharding the check cannot try (a group, offload) is not this check's."""
+    if sharding is None or not sharding.settable or ended:
+        return None
+    return f"{sharding} ran nowhere in the check step: no FSDP2 block's forward ended as it asks"
 
 
 _Step = tuple[float, list[torch.Tensor | None]]

@@ -245,6 +245,8 @@ def _sharding_rows(data: TorchProbeReport) -> list[ProbeRow]:
         "fsdp", str(Sharding(offload=True)), blocks, 0, 0.0, None,
         "parameters, gradients and optimizer state in host memory",
     )  # fmt: skip
+    checks = {c.plan: c for c in data.checks}
+    out = [replace(r, excluded=checks[r.plan].reason) if r.plan in checks else r for r in out]
     return [*out, offload if data.gpu else replace(offload, excluded=GPU_ONLY)]
 
 
@@ -339,7 +341,14 @@ def plans_to_check(data: TorchProbeReport) -> tuple[str, ...]:
         if r.level in ("module", "offload", "compile", "own") or "/save=" in r.plan
         if not r.excluded.startswith(("same partition", GPU_ONLY))
     }
-    return tuple(r.plan for r in table if r.plan in searched and (r.saving_bytes > 0 or r.level == "own"))
+    # what FSDP2 takes after sharding (keep, reshard) is tried on the script's model as the rest are; a
+    # group, offload and a ZeRO stage are taken only as the model is sharded (checked_part)
+    settable = {r.plan for r in table if r.level == "fsdp" and checked_part(r.plan) == r.plan}
+    return tuple(
+        r.plan
+        for r in table
+        if (r.plan in searched and (r.saving_bytes > 0 or r.level == "own")) or r.plan in settable
+    )
 
 
 def default_plans(data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -397,9 +406,15 @@ def fixed_saving(data: ProbeReport, plan: str) -> int:
 
 def checked_part(plan: str) -> str:
     """What of a plan (one rank's entry) the probe's check tries on the script's model in its process: all of
-    it but a sharding (fsdp, zero), which the script's own fully_shard or deepspeed.initialize takes before
-    the first forward, and which keeps the script's own numbers by FSDP's and DeepSpeed's design."""
-    return recompute_part(plan) or str(parse_plan(plan))
+    it where its sharding is one FSDP2 takes after sharding (fsdp:keep, fsdp:reshard: Sharding.settable),
+    else all of it but the sharding (a reshard group, offload, a ZeRO stage: the script's own fully_shard or
+    deepspeed.initialize takes those before the first forward; they keep the numbers by FSDP's and
+    DeepSpeed's design, and tests/ranks check them)."""
+    rest = recompute_part(plan)
+    if rest is None:
+        return str(parse_plan(plan))
+    parsed = parse_plan(plan)
+    return str(parsed) if isinstance(parsed.sharding, Sharding) and parsed.sharding.settable else rest
 
 
 def named_plans(plans: tuple[str, ...], data: ProbeReport | None) -> tuple[tuple[str, ...], dict[str, str]]:

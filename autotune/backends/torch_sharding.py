@@ -20,9 +20,10 @@ memory already).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -104,6 +105,37 @@ def check_applied(model: nn.Module, sharding: Sharding | None, in_trial: bool) -
         )
     for block in blocks:
         block.set_reshard_after_forward(bool(sharding.reshard), recurse=False)  # type: ignore[operator]
+
+
+@contextlib.contextmanager
+def resharded(model: nn.Module, sharding: Sharding | None, ended: list[int]) -> Iterator[None]:
+    """``sharding`` on ``model``'s blocks for the duration of a ``with`` block, where it is one FSDP2 takes
+    after sharding (``Sharding.settable``: keep, reshard), through FSDP2's own ``set_reshard_after_forward``:
+    the probe's check tries it on the script's model this way. ``ended[0]`` counts the block forwards that
+    ended as the plan asks (parameters still gathered for keep, resharded for reshard), so the check knows
+    the plan ran; the script's own setting is back afterwards. Any other sharding: nothing is set."""
+    blocks = _blocks(model) if sharding is not None and sharding.settable else []
+    if not blocks:
+        yield
+        return
+    keep = sharding is not None and sharding.reshard is False
+    states = [(b._get_fsdp_state(), _group(b)) for b in blocks]  # type: ignore[operator]
+    saved = [(state._auto_reshard_after_forward, group.post_forward_mesh_info) for state, group in states]
+
+    def count(module: nn.Module, args: Any, output: Any) -> None:  # after FSDP2's own post-forward hook
+        if _group(module).is_unsharded == keep:
+            ended[0] += 1
+
+    handles = [b.register_forward_hook(count) for b in blocks]
+    try:
+        for block in blocks:
+            block.set_reshard_after_forward(not keep, recurse=False)  # type: ignore[operator]
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for (state, group), (auto, after) in zip(states, saved, strict=True):
+            state._auto_reshard_after_forward, group.post_forward_mesh_info = auto, after
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

@@ -175,6 +175,13 @@ class Sharding:
         resharding does (keep, a smaller group)."""
         return self.reshard is False or type(self.reshard) is int
 
+    @property
+    def settable(self) -> bool:
+        """Whether FSDP2 takes it on a model it has sharded already (``set_reshard_after_forward``: keep,
+        reshard), so that the probe's check can try it on the script's own model; a group or offload FSDP2
+        takes only as it shards."""
+        return type(self.reshard) is bool and not self.offload
+
     def arguments(self) -> dict[str, str]:
         """What ``fully_shard`` is passed, as Python source (``best --format torchrun`` prints it)."""
         out = {}

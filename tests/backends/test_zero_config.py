@@ -13,8 +13,16 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.deepspeed_zero import _config, _with_zero
-from autotune.backends.probe import GPU_ONLY, default_plans, fixed_saving, rows
-from autotune.backends.probe_report import TorchProbeReport
+from autotune.backends.probe import (
+    GPU_ONLY,
+    checked_part,
+    default_plans,
+    fixed_saving,
+    named_plans,
+    plans_to_check,
+    rows,
+)
+from autotune.backends.probe_report import PlanCheck, TorchProbeReport
 from autotune.cli.render_trial import fixed_text
 from autotune.core.errors import InputError
 from autotune.core.plans import Zero
@@ -142,3 +150,34 @@ def test_the_probe_says_what_each_fsdp_plan_holds_or_frees_a_rank_as_a_number() 
     assert fixed_saving(kept, "fsdp:reshard") == 45 * mib
     two = dataclasses.replace(data, sharded_blocks=2)
     assert {r.fixed_saving for r in rows(two) if r.level == "fsdp"} == {0}
+
+
+def test_the_probe_checks_the_fsdp_plans_fsdp2_takes_after_sharding_and_leaves_out_one_that_failed() -> None:
+    """keep and reshard are set on a sharded model by FSDP2's set_reshard_after_forward: the probe's check
+    tries them (with any recompute rules: the whole plan); a group, offload or a ZeRO stage only their
+    recompute part. A failed fsdp:keep is left out with the check's reason, in the default space and named."""
+    data = dataclasses.replace(
+        probe_data(), sharded_blocks=4, shard_ranks=4, block_parameter_bytes=120 * 2**20
+    )
+    assert "fsdp:keep" in plans_to_check(data) and "fsdp:2" not in plans_to_check(data)
+    assert "fsdp:reshard" in plans_to_check(dataclasses.replace(data, blocks_kept=True))
+    assert [
+        checked_part(p) for p in ("fsdp:keep", "Block:1,fsdp:reshard", "fsdp:2", "Block:1,fsdp:keep+offload")
+    ] == [
+        "fsdp:keep",
+        "Block:1,fsdp:reshard",
+        "none",
+        "Block:1",
+    ]
+    assert [checked_part(p) for p in ("zero:3", "Block:0.5,zero:1+offload", "Block:1")] == [
+        "none",
+        "Block:0.5",
+        "Block:1",
+    ]
+    failed = PlanCheck("fsdp:keep", 0.0, 0.25, 1e-5)
+    refused = dataclasses.replace(data, checks=(*data.checks, failed))
+    assert {r.plan: r.excluded for r in rows(refused) if r.level == "fsdp"}["fsdp:keep"] == failed.reason
+    plans, excluded = default_plans(refused)
+    assert "fsdp:keep" not in plans and excluded["fsdp:keep"] == failed.reason
+    assert "fsdp:keep" in default_plans(data)[0]  # unchecked (a probe stored before): offered, as it was
+    assert named_plans(("none", "fsdp:keep", "Block:1,fsdp:keep"), refused)[1] == {"fsdp:keep": failed.reason}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from autotune import api
-from autotune.backends.probe import default_plans, rows
+from autotune.backends.probe import default_plans, named_plans, rows
 from autotune.core.protocol import Outcome
 from autotune.search.records import TrialKind
 from autotune.search.spec import tune_spec
@@ -118,6 +118,10 @@ def test_the_probe_of_an_fsdp2_job_offers_its_sharding_plans_and_a_search_measur
     assert table["fsdp:keep"].excluded == "" and table["fsdp:offload"].excluded.startswith("GPU only")
     plans, excluded = default_plans(report)
     assert plans[:2] == ("none", "fsdp:keep") and "fsdp:offload" in excluded
+    # tried on the script's model by the probe's check as recompute plans are: the same all-gathers, the
+    # same numbers to the bit on each rank
+    check = next(c for c in report.checks if c.plan == "fsdp:keep")
+    assert check.ok and (check.loss_delta, check.grad_delta) == (0.0, 0.0)
     # the search over them and none (named: the default space calibrates its memory model on the recompute
     # plans first, five trials on this model)
     spec = tune_spec(
@@ -130,6 +134,32 @@ def test_the_probe_of_an_fsdp2_job_offers_its_sharding_plans_and_a_search_measur
     }
     assert {"none", "fsdp:keep"} <= measured
     assert result.best.plan in measured
+
+
+def test_a_sharding_plan_that_changes_the_gradients_is_refused_by_the_probe_s_check(tmp_path: Path) -> None:
+    """A script whose blocks write to their weights after using them: FSDP2's own resharding discards the
+    write before backward, fsdp:keep does not, so its gradients differ. The probe's check (each rank, its
+    own gradient shards) refuses fsdp:keep with the numbers, the default space and a search naming it
+    leave it out with that reason, and the script's blocks reshard again after the check (FSDP's state
+    after the probe trial's last step, both ranks)."""
+    words = torchrun(
+        SCRIPT, "--wrap", "fsdp", "--width", "128", "--write-after-forward", "--fsdp-state", str(tmp_path)
+    )
+    probed = api.probe(words, batch_size=4, device="cpu", cache_dir=tmp_path)
+    assert probed.outcome is Outcome.COMPLETE, probed.error
+    report = probed.probe
+    check = next(c for c in report.checks if c.plan == "fsdp:keep")
+    assert not check.ok and check.grad_delta > check.tolerance
+    assert check.reason.startswith("changes the numbers: loss off by ")
+    assert {row.plan: row for row in rows(report)}["fsdp:keep"].excluded == check.reason
+    plans, excluded = default_plans(report)
+    assert "fsdp:keep" not in plans and excluded["fsdp:keep"] == check.reason
+    assert named_plans(("none", "fsdp:keep"), report) == (("none",), {"fsdp:keep": check.reason})
+    resharding = {
+        **{b: {"reshard": True, "offload": False} for b in BLOCKS},
+        "": {"reshard": False, "offload": False},
+    }
+    assert [json.loads((tmp_path / f"rank-{r}-last.json").read_text()) for r in range(2)] == [resharding] * 2
 
 
 def test_for_a_script_whose_blocks_keep_their_parameters_the_probe_offers_resharding_them(
@@ -146,6 +176,8 @@ def test_for_a_script_whose_blocks_keep_their_parameters_the_probe_offers_reshar
     half = report.block_parameter_bytes / 2 / 2**20
     assert table["fsdp:reshard"].detail == f"up to {half:.2f} MiB less a rank, one all-gather more"
     assert "fsdp:keep" not in table and default_plans(report)[0][:2] == ("none", "fsdp:reshard")
+    check = next(c for c in report.checks if c.plan == "fsdp:reshard")
+    assert check.ok and (check.loss_delta, check.grad_delta) == (0.0, 0.0)
     result, _, states = trial(tmp_path, "fsdp:reshard", wrap="fsdp-keep")
     assert result.outcome is Outcome.COMPLETE, result.error
     resharded = {

@@ -5,7 +5,11 @@ with ``reshard_after_forward=False``) or FSDP1, with the batch size autotune giv
 wrapper. ``--grads FILE`` writes rank 0's loss and gradients after the first step, so a test can compare a
 plan's numbers with no plan's. ``--extra-mib R=MIB`` makes rank R hold that much more memory.
 ``--fsdp-state DIR`` writes what FSDP2's own state holds for each sharded module after the first step
-(``rank-R.json``: its reshard after forward and offload), so a test reads a sharding plan back from FSDP.
+(``rank-R.json``: its reshard after forward and offload), so a test reads a sharding plan back from FSDP, and
+after every later step to ``rank-R-last.json``. ``--write-after-forward`` makes each block scale its first
+layer's weights in place after using them (as a script's own in-place weight edits do): FSDP2's resharding
+discards the write before backward, keeping the parameters gathered (``fsdp:keep``) does not, so that plan
+changes the gradients.
 """
 
 import argparse
@@ -21,20 +25,24 @@ import autotune
 
 
 class Block(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, write_after_forward: bool = False) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(width)
         self.up = nn.Linear(width, 4 * width)
         self.down = nn.Linear(4 * width, width)
+        self.write_after_forward = write_after_forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        out = x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        if self.write_after_forward:  # into the storage the backward of self.up reads (.data: unversioned)
+            self.up.weight.data.mul_(1.5)
+        return out
 
 
 class Model(nn.Module):
-    def __init__(self, width: int, depth: int) -> None:
+    def __init__(self, width: int, depth: int, write_after_forward: bool = False) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(width, write_after_forward) for _ in range(depth))
         self.head = nn.Linear(width, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,11 +62,12 @@ def main() -> None:
     p.add_argument("--grads", default=None)
     p.add_argument("--extra-mib", default="")
     p.add_argument("--fsdp-state", default=None)
+    p.add_argument("--write-after-forward", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = Model(args.width, args.depth)
+    model = Model(args.width, args.depth, args.write_after_forward)
     if args.wrap == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
     elif args.wrap in ("fsdp", "fsdp-keep"):  # fsdp-keep: the blocks keep their parameters after forward
@@ -90,10 +99,12 @@ def main() -> None:
             grads = {n: (g.to_local() if hasattr(g, "to_local") else g) for n, g in grads.items()}
             if rank == 0:
                 torch.save({"loss": loss.detach(), "grads": grads}, args.grads)
-        if step == 0 and args.fsdp_state:
+        if args.fsdp_state:
             from autotune.backends.torch_sharding import read_state
 
-            Path(args.fsdp_state, f"rank-{rank}.json").write_text(json.dumps(read_state(model)))
+            name = f"rank-{rank}.json" if step == 0 else f"rank-{rank}-last.json"
+            Path(args.fsdp_state, "tmp-" + name).write_text(json.dumps(read_state(model)))
+            Path(args.fsdp_state, "tmp-" + name).replace(Path(args.fsdp_state, name))  # whole, if stopped
         optimizer.step()
         optimizer.zero_grad()
     # The wrapper's last gloo work holds tensors; left for interpreter shutdown, gloo's threads free them without
