@@ -17,7 +17,7 @@ passes the shim's descendants: the meters know nothing of how a trial is started
 - :class:`NvmlMeter` (GPU): what nvidia-smi shows for the device (CUDA context, allocator cache and
   fragmentation included), sampled at 100 Hz, minus what the device used before the trial started.
 
-A multi-process trial (torchrun) is measured rank by rank: ``ranks()`` maps the pid of each rank that has
+A multi-process trial (torchrun, or any launcher whose processes report a ``$RANK``) is measured rank by rank: ``ranks()`` maps the pid of each rank that has
 started to its identity. On the CPU a rank's peak is its own process tree's (the rank and its DataLoader
 workers; the launcher belongs to no rank), the largest sum sampled and never less than the rank's own
 high-water mark (``VmHWM``). On GPUs it is the peak of the rank's device: every device of the trial is
@@ -40,7 +40,20 @@ from autotune.core.protocol import RankIdentity
 from autotune.hardware.devices import Device
 
 Processes = Callable[[], Iterable[int]]  # the trial's process ids, now
-Ranks = Callable[[], Mapping[int, RankIdentity]]  # the pids of the trial's ranks that have started, now
+
+
+class Ranks(Protocol):
+    """The pids of the trial's ranks that have started, now, each with its identity. ``declared``: the
+    command is a launcher autotune reads (torchrun), so the trial is its ranks from its start (the launcher's
+    own memory is no rank's, before a rank starts too); otherwise the ranks are whatever processes report
+    one (``$RANK``: DeepSpeed's launcher, Accelerate's, mpirun), and until one does the trial is measured
+    whole."""
+
+    declared: bool
+
+    def __call__(self) -> Mapping[int, RankIdentity]: ...
+
+
 # where the trial is now: the steps it has finished and the phase it is in (core.protocol.read_position)
 PhaseSource = Callable[[], "tuple[int, str | None]"]
 
@@ -285,8 +298,8 @@ class RssMeter(_Sampler):
         self._shared, self._pss_read = {}, 0.0
 
     def sampled_peak(self) -> int:
-        if self._ranks is not None:  # the launcher's own memory is no rank's
-            return max(self._rank_peaks.values(), default=0)
+        if self._rank_peaks or (self._ranks is not None and self._ranks.declared):
+            return max(self._rank_peaks.values(), default=0)  # the launcher's own memory is no rank's
         return self._peak
 
     def sample(self) -> None:

@@ -211,7 +211,8 @@ def run_trial(
             workdir, batch_size, plan, backend, device, settings, probe, grad_accum, check_plans, sweep
         )
         request.write(workdir / "request.json")
-    watch = RankWatch(workdir / "progress.json")
+    # torchrun's ranks, or those another launcher starts (DeepSpeed's: each reports its $RANK)
+    watch = RankWatch(workdir / "progress.json", declared=command.launcher)
     launch = dataclasses.replace(
         trial_launch(
             command.argv(batch_size, grad_accum),
@@ -219,7 +220,7 @@ def run_trial(
             workdir,
             TrialJob(command, backend, device, meter, settings, root, environ, ceiling, host_budget),
         ),
-        ranks=watch if command.launcher else None,
+        ranks=watch,
         ended=lambda: rank_failed(request.report_path),
         settle=(
             Settle(Path(request.settled_path), request.total_steps, settings.settle_seconds)

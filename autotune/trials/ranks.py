@@ -31,10 +31,12 @@ from autotune.core.protocol import (
 
 
 class RankWatch:
-    """``watch()``: pid -> identity of each rank of the trial that has started (progress files)."""
+    """``watch()``: pid -> identity of each rank of the trial that has started (progress files).
+    ``declared``: the trial's command is torchrun (autotune.hardware.meters.Ranks)."""
 
-    def __init__(self, progress_path: str | Path) -> None:
+    def __init__(self, progress_path: str | Path, declared: bool = True) -> None:
         self._path = progress_path
+        self.declared = declared
         self._known: dict[int, RankIdentity] = {}
         self._complete = False
 

@@ -24,7 +24,7 @@ from autotune.trials.measurement import measure, measure_spec, run_trial
 from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
 
-from conftest import SYNTHETIC, MiB, alive, trial_pids
+from conftest import SCRIPTS, SYNTHETIC, MiB, alive, trial_pids
 
 pytestmark = pytest.mark.ranks
 
@@ -70,6 +70,26 @@ def test_each_rank_is_measured_on_its_own_and_the_worst_rank_is_the_trial_s_peak
     assert result.memory_method == "rss-rank"
     # every rank's samples: each measured step is 2 ranks x batch 4, over the slower rank's time
     assert result.samples_per_sec == pytest.approx(statistics.median(8 / s for s in result.step_seconds))
+
+
+def test_ranks_another_launcher_starts_are_each_measured_on_their_own_and_held_to_the_budget(
+    cache: Path,
+) -> None:
+    """A launcher autotune does not read (tests/scripts/launch_ranks.sh, as DeepSpeed's or mpirun start
+    theirs: each rank's $RANK set) is measured like torchrun: each rank that reports itself on its own, the
+    trial's peak the worst rank's, not the sum of the ranks and the launcher; and a budget that holds one
+    rank but not the two together stops nothing."""
+    words = [str(SCRIPTS / "launch_ranks.sh"), "2", sys.executable, str(SYNTHETIC), "--base-mib", "150"]
+    words += ["--per-sample-mib", "10", "--rank-scale", "2,1", "--steps", "1000"]
+    result = trial(cache, words)
+    assert result.outcome is Outcome.COMPLETE, result.error
+    assert result.memory_method == "rss-rank" and [r.rank for r in result.ranks] == [0, 1]
+    rank0, rank1 = (r.peak_bytes for r in result.ranks)
+    assert abs((rank0 - rank1) - 40 * MiB) <= 8 * MiB, (rank0 - rank1) / MiB  # 2 x 4 x 10 MiB against 4 x 10
+    assert result.peak_bytes == rank0 and rank1 >= 150 * MiB
+    held = trial(cache, words, ceiling=rank0 + 40 * MiB)  # the two ranks hold 150 MiB and more each
+    assert held.outcome is Outcome.COMPLETE, held.error
+    assert held.peak_bytes <= rank0 + 40 * MiB < rank0 + rank1
 
 
 def test_measure_json_lists_the_ranks(cache: Path) -> None:
