@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,31 @@ def trial(tmp_path: Path, plan: str, *script: str) -> tuple[object, dict, list[d
         return result, {}, []
     states = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
     return result, torch.load(out / "numbers.pt"), states
+
+
+def test_under_deepspeed_s_own_launcher_a_zero_plan_reaches_every_rank_and_each_rank_is_measured(
+    tmp_path: Path,
+) -> None:
+    """``deepspeed train.py`` (DeepSpeed's launcher, not torchrun: its ranks are whatever report a $RANK):
+    the plan's stage is what both ranks' engines run, and each rank is measured on its own (the launcher and
+    the two ranks summed read 3.70 GiB here; one rank ~410 MiB, as under torchrun)."""
+    out = tmp_path / "state"
+    out.mkdir()
+    launcher = str(Path(sys.executable).with_name("deepspeed"))
+    words = [launcher, "--num_accelerators", "2", "--no_local_rank", SCRIPT, "--zero-state", str(out)]
+    spec = measure_spec(
+        words,
+        4,
+        plan="zero:2",
+        device="cpu",
+        cache_dir=tmp_path,
+        settings=TrialSettings(1, 2, 180, 300, tight=0),
+    )
+    result = measure(spec)
+    assert result.outcome is Outcome.COMPLETE, result.error
+    assert [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)] == [engine(2, None)] * 2
+    assert result.memory_method == "rss-rank" and [r.rank for r in result.ranks] == [0, 1]
+    assert result.peak_bytes == max(r.peak_bytes for r in result.ranks)
 
 
 def engine(stage: int, optimizer: str = "cpu", param: str | None = None) -> dict:
