@@ -23,8 +23,8 @@ probe's recorded step, their losses summed.
 
 A check proves that its plan ran: the forwards the plan's rules recompute or offload are counted during its
 step (none counted: the check fails, saying so), and so are the script's own checkpoints that ``own:off`` runs
-plainly, the graphs a compile budget partitioned and the FSDP2 blocks whose forward ended as a sharding asks. A plan applied to nothing would otherwise pass with a
-difference of 0.
+plainly, the graphs a compile budget partitioned and the FSDP2 blocks whose forward ended as a sharding
+asks. A plan applied to nothing would otherwise pass with a difference of 0.
 
 Tolerance, relative to the reference (the loss; the largest gradient of any parameter): 1e-5 for 32-bit
 parameters, 1e-3 for float16, 1e-2 for bfloat16 (recompute on a GPU may reorder reductions; on the CPU the

@@ -17,8 +17,8 @@ passes the shim's descendants: the meters know nothing of how a trial is started
 - :class:`NvmlMeter` (GPU): what nvidia-smi shows for the device (CUDA context, allocator cache and
   fragmentation included), sampled at 100 Hz, minus what the device used before the trial started.
 
-A multi-process trial (torchrun, or any launcher whose processes report a ``$RANK``) is measured rank by rank: ``ranks()`` maps the pid of each rank that has
-started to its identity. On the CPU a rank's peak is its own process tree's (the rank and its DataLoader
+A multi-process trial (torchrun, or another launcher whose processes each have a ``$RANK``) is measured
+rank by rank: ``ranks()`` maps the pid of each rank that has started to its identity. On the CPU a rank's peak is its own process tree's (the rank and its DataLoader
 workers; the launcher belongs to no rank), the largest sum sampled and never less than the rank's own
 high-water mark (``VmHWM``). On GPUs it is the peak of the rank's device: every device of the trial is
 sampled, and a rank is on the device NVML lists its pid on (before NVML has listed it: the device of its
