@@ -112,13 +112,30 @@ class TrialCommand:
             os.path.basename(self.words[0]) in _LAUNCHERS or self.runs_launcher_module
         )
 
+    @property
+    def deepspeed_launcher(self) -> bool:
+        """Whether the command starts its ranks through DeepSpeed's launcher (``deepspeed train.py``)."""
+        return self.is_template and os.path.basename(self.words[0]) == "deepspeed"
+
     def world_size(self, gpus: int = 1) -> int:
         """The ranks a trial of this command runs: torchrun's ``--nnodes`` x ``--nproc-per-node`` (``gpu`` and
-        ``auto`` count the trial's ``gpus``), 1 for a command that is not torchrun.
+        ``auto`` count the trial's ``gpus``); DeepSpeed's launcher's ``--num_nodes`` x ``--num_gpus`` (or
+        ``--num_accelerators``; without it, every device it sees: the trial's ``gpus``); 1 for another command.
 
         Raises:
             InputError: an elastic node range or a process count that is not a number.
         """
+        if self.deepspeed_launcher:
+            nodes = _option(self.words, "num_nodes", "1")
+            per_node = _option(self.words, "num_gpus", "") or _option(
+                self.words, "num_accelerators", str(gpus)
+            )
+            if not nodes.isdigit() or not per_node.isdigit() or int(nodes) < 1 or int(per_node) < 1:
+                raise InputError(
+                    f"deepspeed --num_nodes {nodes} --num_gpus {per_node}: autotune needs the number of ranks "
+                    "of a trial; give both as whole numbers"
+                )
+            return int(nodes) * int(per_node)
         if not self.launcher:
             return 1
         nodes, per_node = _option(self.words, "nnodes", "1"), _option(self.words, "nproc-per-node", "1")
@@ -203,8 +220,8 @@ def fill(words: Sequence[str], batch_size: int, grad_accum: int | None) -> list[
 
 
 def _option(words: tuple[str, ...], name: str, default: str) -> str:
-    """The value of torchrun's ``--NAME`` (also spelled with underscores, or ``--NAME=VALUE``) among the words
-    before the training script."""
+    """The value of a launcher's ``--NAME`` (also spelled with underscores, or ``--NAME=VALUE``) among the
+    words before the training script."""
     spellings = (f"--{name}", f"--{name.replace('-', '_')}")
     for i, word in enumerate(words):
         if word.endswith(".py"):

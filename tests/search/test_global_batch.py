@@ -112,6 +112,19 @@ def test_a_torchrun_command_knows_its_ranks_and_shares_a_global_batch_among_them
         parse(["torchrun", str(script), "--nproc-per-node", "9"]).world_size() == 1
     )  # the script's own flag
     assert parse([str(script)]).world_size() == 1
+    # DeepSpeed's launcher: a stand-in of that name (only its name and flags are read here)
+    deepspeed = tmp_path / "deepspeed"
+    deepspeed.write_text("#!/bin/sh\n")
+    deepspeed.chmod(0o755)
+    assert parse([str(deepspeed), "--num_gpus", "4", str(script)]).world_size() == 4
+    assert parse([str(deepspeed), "--num_nodes=2", "--num_accelerators", "2", str(script)]).world_size() == 4
+    assert parse([str(deepspeed), str(script)]).world_size(gpus=8) == 8  # every device it sees: the trial's
+    assert parse([str(deepspeed), str(script), "--num_gpus", "9"]).world_size() == 1  # the script's own flag
+    assert (
+        tune_spec([str(deepspeed), "--num_gpus", "2", str(script)], "1GiB", global_batch=64).world_size == 2
+    )
+    with pytest.raises(InputError, match="whole numbers"):
+        parse([str(deepspeed), "--num_gpus", "all", str(script)]).world_size()
     with pytest.raises(InputError, match="whole numbers"):
         parse(["torchrun", "--nnodes", "1:4", "--nproc-per-node", "2", str(script)]).world_size()
     assert grad_accum_for(64, 4, world_size=2) == 8
