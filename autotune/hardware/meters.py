@@ -18,12 +18,13 @@ passes the shim's descendants: the meters know nothing of how a trial is started
   fragmentation included), sampled at 100 Hz, minus what the device used before the trial started.
 
 A multi-process trial (torchrun, or another launcher whose processes each have a ``$RANK``) is measured
-rank by rank: ``ranks()`` maps the pid of each rank that has started to its identity. On the CPU a rank's peak is its own process tree's (the rank and its DataLoader
-workers; the launcher belongs to no rank), the largest sum sampled and never less than the rank's own
-high-water mark (``VmHWM``). On GPUs it is the peak of the rank's device: every device of the trial is
-sampled, and a rank is on the device NVML lists its pid on (before NVML has listed it: the device of its
-local rank, in the order the trial was given its devices); ranks sharing a device share its peak. The
-trial's peak is its worst rank's: the budget is per device.
+rank by rank: ``ranks()`` maps the pid of each rank that has started to its identity. On the CPU a rank's
+peak is its own process tree's (the rank and its DataLoader workers; the launcher belongs to no rank), the
+largest sum sampled and never less than the rank's own high-water mark (``VmHWM``). On GPUs it is the peak
+of the rank's device: every device of the trial is sampled, and a rank is on the device NVML lists its pid
+on (before NVML has listed it: the device of its local rank, in the order the trial was given its
+devices); ranks sharing a device share its peak. The trial's peak is its worst rank's: the budget is per
+device.
 """
 
 from __future__ import annotations
