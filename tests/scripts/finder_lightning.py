@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -21,6 +22,10 @@ options = json.loads(sys.argv[1])
 out = sys.argv[2]
 if "settings" in options:  # a trial's steps, as TrialSettings' fields
     options["settings"] = TrialSettings(**options["settings"])
+# A fixed cost per step, as a data pipeline's: batch 64 reads about 2x batch 16's samples/s, a margin a
+# busy neighbour does not flip (the blocks' compute alone is almost linear in the batch here: 460 against 350
+# samples/s quiet, and CI once read batch 16 faster). The test is of the callback, not of a speed.
+STEP_SECONDS = 0.1
 
 
 class Block(nn.Module):
@@ -43,6 +48,7 @@ class Net(pl.LightningModule):
         return self.net(x)
 
     def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+        time.sleep(STEP_SECONDS)
         loss = self(batch[0]).pow(2).mean()
         self.losses.append(loss.item())
         return loss
