@@ -117,14 +117,26 @@ class TrialCommand:
         """Whether the command starts its ranks through DeepSpeed's launcher (``deepspeed train.py``)."""
         return self.is_template and os.path.basename(self.words[0]) == "deepspeed"
 
+    @property
+    def accelerate_launcher(self) -> bool:
+        """Whether the command starts its ranks through Accelerate's launcher (``accelerate launch train.py``)."""
+        return (
+            self.is_template
+            and os.path.basename(self.words[0]) == "accelerate"
+            and self.words[1:2] == ("launch",)
+        )
+
     def world_size(self, gpus: int = 1) -> int:
         """The ranks a trial of this command runs: torchrun's ``--nnodes`` x ``--nproc-per-node`` (``gpu`` and
         ``auto`` count the trial's ``gpus``); DeepSpeed's launcher's ``--num_nodes`` x ``--num_gpus`` (or
-        ``--num_accelerators``; without it, every device it sees: the trial's ``gpus``); 1 for another command.
+        ``--num_accelerators``; without it, every device it sees: the trial's ``gpus``); Accelerate's
+        ``--num_processes`` (all machines' together: :func:`_accelerate_processes`); 1 for another command.
 
         Raises:
             InputError: an elastic node range or a process count that is not a number.
         """
+        if self.accelerate_launcher:
+            return _accelerate_processes(self.words, gpus)
         if self.deepspeed_launcher:
             nodes = _option(self.words, "num_nodes", "1")
             per_node = _option(self.words, "num_gpus", "") or _option(
@@ -230,6 +242,61 @@ def _option(words: tuple[str, ...], name: str, default: str) -> str:
         if key in spellings:
             return value if eq else (words[i + 1] if i + 1 < len(words) else default)
     return default
+
+
+def _accelerate_processes(words: tuple[str, ...], gpus: int) -> int:
+    """The processes ``accelerate launch`` starts, as it counts them: ``--num_processes`` (every machine's
+    together), else its config file's ``num_processes`` (``--config_file``, else Accelerate's default one
+    under $HF_HOME, if there is one), else one per device it sees (the trial's ``gpus``; one with ``--cpu``).
+
+    Raises:
+        InputError: a count that is not a whole number >= 1, or a config file autotune cannot read one from.
+    """
+    given = _option(words, "num_processes", "")
+    source = "--num_processes"
+    if not given:
+        config = _option(words, "config_file", "") or _accelerate_default_config()
+        if config:
+            given, source = _config_processes(Path(config)), f"num_processes in {config}"
+        else:
+            cpu = any(word == "--cpu" for word in words[: _script_index(words)])
+            given, source = str(1 if cpu else max(gpus, 1)), "the devices it sees"
+    if not given.isdigit() or int(given) < 1:
+        raise InputError(
+            f"accelerate launch: {source} is {given or 'not set'}: autotune needs the number of ranks of a "
+            "trial; pass --num_processes N"
+        )
+    return int(given)
+
+
+def _accelerate_default_config() -> str:
+    """Accelerate's default config file where it exists (``accelerate config`` writes it), else ""."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
+    path = Path(home).expanduser() / "accelerate" / "default_config.yaml"
+    return str(path) if path.is_file() else ""
+
+
+def _config_processes(path: Path) -> str:
+    """``num_processes`` of an Accelerate config file (YAML, or JSON: YAML reads both), as text; "" if unset.
+
+    Raises:
+        InputError: the file cannot be read.
+    """
+    import yaml  # only a template that runs accelerate reads it: the CLI's start-up does not import it
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(f"accelerate launch: cannot read its config file {path}: {e}") from None
+    value = data.get("num_processes") if isinstance(data, dict) else None
+    return "" if value is None else str(value)
+
+
+def _script_index(words: tuple[str, ...]) -> int:
+    """The index of the first word naming a ``.py`` script (len(words) if none)."""
+    return next((i for i, word in enumerate(words) if word.endswith(".py")), len(words))
 
 
 def _check_program(program: str) -> None:

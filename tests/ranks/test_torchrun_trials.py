@@ -92,6 +92,25 @@ def test_ranks_another_launcher_starts_are_each_measured_on_their_own_and_held_t
     assert held.peak_bytes <= rank0 + 40 * MiB < rank0 + rank1
 
 
+def test_accelerate_s_launcher_s_ranks_are_counted_for_a_global_batch_and_measured_each(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real ``accelerate launch --num_processes 2`` (its multi-process launcher, on the CPU): a global batch
+    of 8 at batch 4 is shared by its two ranks, no accumulation, and each rank is measured on its own. Read as
+    one rank, the trial asked for 2 micro-batches the script never accumulates, and failed."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no `accelerate config` of this machine's
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    words = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", str(SCRIPTS / "distributed.py")]
+    words += ["--batch-size", "{batch_size}"]
+    settings = TrialSettings(warmup_steps=1, measured_steps=3, startup_timeout=120, timeout=180)
+    spec = measure_spec(words, 4, device="cpu", cache_dir=cache, global_batch=8, settings=settings)
+    data = measure(spec).to_dict()
+    assert data["outcome"] == "complete", data["error"]
+    assert (data["world_size"], data["grad_accum"], data["memory_method"]) == (2, 1, "rss-rank")
+    assert [(r["rank"], r["outcome"]) for r in data["ranks"]] == [(0, "complete"), (1, "complete")]
+    assert data["peak_bytes"] == max(r["peak_bytes"] for r in data["ranks"])
+
+
 def test_measure_json_lists_the_ranks(cache: Path) -> None:
     spec = measure_spec(
         torchrun("--per-sample-mib", "10", "--steps", "1000"), 4, device="cpu", cache_dir=cache

@@ -137,3 +137,50 @@ def test_a_torchrun_command_knows_its_ranks_and_shares_a_global_batch_among_them
     one = workload_of(parse(["torchrun", "--nproc-per-node", "1", str(script)]), cpu_device(), "torch")
     two = workload_of(parse(["torchrun", "--nproc-per-node", "2", str(script)]), cpu_device(), "torch")
     assert two.details["ranks"] == 2 and "ranks" not in one.details and one.fingerprint != two.fingerprint
+
+
+def test_accelerate_s_launcher_counts_its_processes_as_accelerate_does(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    from autotune.core.errors import InputError
+    from autotune.search.spec import tune_spec
+    from autotune.trials.command import TrialCommand
+
+    script = tmp_path / "train.py"
+    script.write_text("print()\n")
+    accelerate = tmp_path / "accelerate"  # a stand-in of that name: only its name and flags are read here
+    accelerate.write_text("#!/bin/sh\n")
+    accelerate.chmod(0o755)
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))  # no `accelerate config` written yet
+
+    def ranks(*words: str, gpus: int = 1) -> int:
+        return TrialCommand.parse([str(accelerate), "launch", *words]).world_size(gpus)
+
+    assert ranks("--num_processes", "2", str(script)) == 2
+    assert ranks("--num_processes=4", "--num_machines", "2", str(script)) == 4  # every machine's together
+    assert ranks(str(script), gpus=8) == 8  # no flag, no config: one per device it sees
+    assert ranks("--cpu", str(script), gpus=8) == 1
+    assert ranks(str(script), "--num_processes", "9") == 1  # the script's own flag
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text(
+        "distributed_type: MULTI_GPU\nnum_processes: 3\n"
+    )
+    assert ranks(str(script), gpus=8) == 3  # the config `accelerate config` wrote
+    own = tmp_path / "own.yaml"
+    own.write_text("num_processes: 2\nnum_machines: 1\n")
+    assert ranks("--config_file", str(own), str(script)) == 2
+    assert ranks("--config_file", str(own), "--num_processes", "6", str(script)) == 6  # the flag wins
+    assert (
+        tune_spec(
+            [str(accelerate), "launch", "--num_processes", "2", str(script)], "1GiB", global_batch=64
+        ).world_size
+        == 2
+    )
+    with pytest.raises(InputError, match="pass --num_processes N"):
+        ranks("--num_processes", "all", str(script))
+    own.write_text("num_processes: -1\n")  # Accelerate asks for the flag with such a config too
+    with pytest.raises(InputError, match=r"num_processes in .*own.yaml is -1"):
+        ranks("--config_file", str(own), str(script))
+    with pytest.raises(InputError, match="cannot read its config file"):
+        ranks("--config_file", str(tmp_path / "missing.yaml"), str(script))
