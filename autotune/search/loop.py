@@ -192,7 +192,7 @@ class Search:
         taken = {Configuration(x.batch_size, x.plan) for x in leases}
         if self.sweep and (swept := sweep_of(records, model, self.space, self.limit, taken)) is not None:
             return self._paid(records, lambda: self._sweep_slot(swept, records, model, counted))
-        speed = speed_of(records, self.forward_shares, self.transfer)
+        speed = speed_of(records, self.forward_shares, self.transfer, self.limit)
         proposal = propose(records, model, speed, self.space, self.limit, taken, self.exhaustive)
         if proposal is None and self.misses >= DIRECT_AFTER:  # the sampler repeats itself
             left = untried(records, model, self.space, self.limit, taken, SKIP_MARGIN)

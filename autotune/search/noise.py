@@ -24,7 +24,10 @@ taken in a quiet gap crowned it, verified at 10, over batch 32 read twice at 23.
 Load only ever slows a trial. Where two configurations' readings contradict an order no training step
 breaks (in one plan, a larger batch's step no shorter than a smaller one's; at one batch size, ``none`` no
 slower than a plan that recomputes), the slower side, read once, is *out of order*: measured again before
-the search concludes anything from it (:func:`out_of_order`).
+the search concludes anything from it (:func:`out_of_order`). But a smaller batch whose step read longer
+than a larger batch of its plan that fits can never be the answer, whatever another reading would say: it is
+*slowed*, left out of the throughput model, and neither it nor its disagreeing readings are measured again
+(:func:`slowed`).
 """
 
 from __future__ import annotations
@@ -131,15 +134,54 @@ def in_flight(records: Iterable[TrialRecord], config: Configuration) -> bool:
     return any((r.batch_size, r.plan) == config and r.state in ("RUNNING", "WAITING") for r in records)
 
 
-def contradicted(records: list[TrialRecord]) -> Configuration | None:
-    """A configuration whose readings disagree and that may be measured again (fewest readings first)."""
-    configs = {r.config for r in records if r.config is not None}
+def contradicted(records: list[TrialRecord], skip: Iterable[Configuration] = ()) -> Configuration | None:
+    """A configuration whose readings disagree and that may be measured again (fewest readings first); not
+    one in ``skip`` (:func:`slowed`: a larger batch of its plan is faster whatever its readings say)."""
+    configs = {r.config for r in records if r.config is not None} - set(skip)
     found = []
     for config in configs:
         rs = readings(records, config)
         if 2 <= len(rs) < MAX_READINGS and disagree(_intervals(rs)) and not in_flight(records, config):
             found.append((len(rs), config))
     return min(found)[1] if found else None
+
+
+def _edge(speeds: Mapping[Configuration, Interval], config: Configuration, sign: int) -> float:
+    """``config``'s speed at its interval's edge up (``sign`` +1) or down (-1), at least ±ORDER_FLOOR."""
+    speed = speeds[config]
+    return speed.mid * (1 + sign * max(speed.noise, ORDER_FLOOR))
+
+
+def _longer_step(speeds: Mapping[Configuration, Interval], slow: Configuration, other: Configuration) -> bool:
+    """Whether ``slow``, a smaller batch of ``other``'s plan, read a longer step than ``other`` beyond both
+    readings' noise: steps compared as batch / speed, cross-multiplied (a reading so noisy that its interval
+    reaches 0 samples/s, a step of any length, contradicts nothing)."""
+    return slow.batch_size * _edge(speeds, other, -1) > other.batch_size * _edge(speeds, slow, +1)
+
+
+def slowed(
+    speeds: Mapping[Configuration, Interval], fitting: Iterable[Configuration]
+) -> frozenset[Configuration]:
+    """The configurations whose readings a busy machine must have slowed and that can never be the answer:
+    a longer step than a larger batch of the same plan that fits (:func:`_longer_step`). That larger batch
+    is faster whatever the load did, so such a reading is measured again for nothing; it is left out of the
+    throughput model instead (load only slows: its step time would pull the fitted line). Issue 42: beside
+    four bursting neighbours, none@1 read 1.3 samples/s against none@4's 45.1, was measured twice more in
+    processes of its own (a warm process on the CPU takes no smaller batch) at 10.3 and 26.5, and that spread
+    became the between-trial noise that let Block:1@48 and Block:0.75@48 look able to win: four trials of
+    the run's nine, and none@32 answered."""
+    fits = set(fitting)
+    return frozenset(
+        slow
+        for slow in speeds
+        if any(
+            other.plan == slow.plan
+            and other.batch_size > slow.batch_size
+            and _longer_step(speeds, slow, other)
+            for other in fits
+            if other in speeds
+        )
+    )
 
 
 def out_of_order(
@@ -154,19 +196,15 @@ def out_of_order(
     Issue 31's CI run read none@1 15% slow (a 0.05 s step beside a core another test was using): its step
     as long as at 24 leaves the fitted line no per-sample time, which values every large batch as if free."""
 
-    def edge(config: Configuration, sign: int) -> float:
-        speed = speeds[config]
-        return speed.mid * (1 + sign * max(speed.noise, ORDER_FLOOR))
-
     suspects = set()
     for slow, other in itertools.permutations(speeds, 2):
         (batch, plan), (other_batch, other_plan) = slow, other
         if plan == other_plan and batch < other_batch:  # a longer step at the smaller batch
-            # steps compared as batch / speed, cross-multiplied: a reading so noisy that its interval
-            # reaches 0 samples/s (a step of any length) contradicts nothing
-            wrong = batch * edge(other, -1) > other_batch * edge(slow, +1)
+            wrong = _longer_step(speeds, slow, other)
         elif batch == other_batch and plan == "none" and other_plan != "none":  # none slower than a recompute
-            wrong = plan_recomputes_at_least(other_plan, "none") and edge(other, -1) > edge(slow, +1)
+            wrong = plan_recomputes_at_least(other_plan, "none") and _edge(speeds, other, -1) > _edge(
+                speeds, slow, +1
+            )
         else:
             continue
         if wrong and len(readings(records, slow)) == 1 and not in_flight(records, slow):

@@ -12,6 +12,8 @@ or the budget is hopeless. No Optuna, no database.
   before anything is concluded from it, and so is one read once whose reading breaks an order no step
   breaks (a longer step at a smaller batch of one plan, none slower than a recompute plan): load only
   slows, so the slower reading is the suspect (not in an exhaustive search, which extrapolates nothing).
+  A smaller batch slower than a larger batch of its plan that fits is left out of the throughput model
+  instead, and not measured again: it can never be the answer (autotune.search.noise.slowed).
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
   (autotune.search.memory_model), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
@@ -30,6 +32,7 @@ or the budget is hopeless. No Optuna, no database.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,7 +42,15 @@ from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
-from autotune.search.noise import contradicted, in_flight, next_attempt, out_of_order, overruled, unsettled
+from autotune.search.noise import (
+    contradicted,
+    in_flight,
+    next_attempt,
+    out_of_order,
+    overruled,
+    slowed,
+    unsettled,
+)
 from autotune.search.records import (
     READINGS,
     WARM_EXCESS,
@@ -108,26 +119,34 @@ def speed_of(
     records: Iterable[TrialRecord],
     forward_shares: dict[str, float] | None = None,
     transfer: dict[str, float] | None = None,
+    limit: int | None = None,
 ) -> ThroughputModel:
     """The throughput model fitted to every completed reading, fitting or not (a configuration over the
     budget still says how fast its batch size runs), but those its side-by-side verifications overrule
-    (autotune.search.noise.overruled)."""
+    (autotune.search.noise.overruled) and, given the ``limit``, those of a configuration a busy machine
+    slowed below a larger batch of its plan that fits (autotune.search.noise.slowed: the model's
+    ``slowed``)."""
     records = list(records)
     out = overruled(records)
-    return ThroughputModel.fit(
-        [
-            Reading(r.batch_size, r.plan, speed)
-            for r in records
-            if r.number not in out
-            and r.kind in (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
-            and r.outcome is Outcome.COMPLETE
-            and r.batch_size is not None
-            and r.plan is not None
-            and (speed := r.throughput) is not None
-        ],
-        forward_shares,
-        transfer,
-    )
+    found = [
+        Reading(r.batch_size, r.plan, speed)
+        for r in records
+        if r.number not in out
+        and r.kind in (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
+        and r.outcome is Outcome.COMPLETE
+        and r.batch_size is not None
+        and r.plan is not None
+        and (speed := r.throughput) is not None
+    ]
+    model = ThroughputModel.fit(found, forward_shares, transfer)
+    if limit is None:
+        return model
+    fitting = {r.config for r in records if r.config is not None and r.fits(limit)}
+    left_out = slowed(model.pooled, fitting)
+    if not left_out:
+        return model
+    kept = [r for r in found if Configuration(r.batch_size, r.plan) not in left_out]
+    return dataclasses.replace(ThroughputModel.fit(kept, forward_shares, transfer), slowed=left_out)
 
 
 def propose(
@@ -150,7 +169,7 @@ def propose(
             return Proposal(*calibration, ProposedBy.CALIBRATION)
         if not model.calibrated:
             return None
-    if (again := contradicted(records)) is not None:
+    if (again := contradicted(records, speed.slowed)) is not None:
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     incumbent = best_record(records, limit)
     if (near := warm_near_limit(records, limit, speed, _bar(speed, incumbent))) is not None:

@@ -91,6 +91,8 @@ class ThroughputModel:
         default_factory=dict
     )  # each configuration, all its readings
     between: float = NOISE_FLOOR  # relative spread of one configuration's readings between trials
+    # configurations left out of the fit: a busy machine slowed their readings (autotune.search.noise.slowed)
+    slowed: frozenset[Configuration] = frozenset()
 
     @classmethod
     def fit(

@@ -460,7 +460,10 @@ def test_a_small_batch_read_slow_does_not_value_a_plan_s_recompute_as_free() -> 
     per-sample time, shrank with it, and B:1@128 was valued 1,147 samples/s above A:1@64's 985. The seconds
     B:1's recompute was measured to add (2 ms a sample) are added on any line. Up to 10% slow, A:1@48 comes
     next and, measured, ends the search with B:1 ruled out; slower, the step at batch 1 is longer than at 4
-    beyond two quiet trials' difference, and batch 1 is read again first (load only slows)."""
+    beyond two quiet trials' difference (load only slows): batch 4 fits, so batch 1 can never be the answer,
+    and its reading is left out of the model rather than read again (issue 42: under load such re-readings
+    cost processes of their own, and their spread made every plan look able to win). Where no larger batch
+    fits, batch 1 could be the answer, and it is read again first."""
     quiet = {
         (1, "none"): 19.39,
         (4, "none"): 75.66,
@@ -476,8 +479,10 @@ def test_a_small_batch_read_slow_does_not_value_a_plan_s_recompute_as_free() -> 
             for i, ((batch, plan), speed) in enumerate(speeds.items())
         ]
 
-    def next_of(records: list[TrialRecord]) -> Proposal | Finished | None:
-        return propose(records, model_of(records), speed_of(records), TUNING_SPACE, TUNING_LIMIT)
+    def next_of(records: list[TrialRecord], limit: int = TUNING_LIMIT) -> Proposal | Finished | None:
+        return propose(
+            records, model_of(records), speed_of(records, limit=limit), limit=limit, space=TUNING_SPACE
+        )
 
     for slow in (1.0, 0.95, 0.9):
         records = records_with(slow)
@@ -489,11 +494,15 @@ def test_a_small_batch_read_slow_does_not_value_a_plan_s_recompute_as_free() -> 
         speed = speed_of(records_with(slow))
         assert speed.optimistic(128, "B:1") < 450 < 900 < speed.optimistic(64, "A:1"), slow
     records = records_with(0.85)
-    assert next_of(records) == Proposal(1, "none", "re-measure", attempt=2)
-    records.append(plan_reading(len(records), 1, "none", 19.4, TUNING_SLOPES["none"]))
-    assert next_of(records) == Proposal(1, "none", "re-measure", attempt=3)  # two readings 15% apart
-    records.append(plan_reading(len(records), 1, "none", 19.3, TUNING_SLOPES["none"]))
+    assert speed_of(records, limit=TUNING_LIMIT).slowed == {(1, "none")}
     assert next_of(records) == Proposal(48, "A:1", "frontier", contenders=2)
+    assert next_of(records, limit=int(60 * MiB)) == Proposal(1, "none", "re-measure", attempt=2)  # 4 over it
+    records.append(plan_reading(len(records), 1, "none", 19.4, TUNING_SLOPES["none"]))
+    assert next_of(records, limit=int(60 * MiB)) == Proposal(1, "none", "re-measure", attempt=3)  # 15% apart
+    # nor are readings of it that disagree read again where batch 4 fits (the heavy demo's 1.3 and 10.3)
+    disagreeing = [*records_with(0.85), plan_reading(5, 1, "none", 5.0, TUNING_SLOPES["none"])]
+    assert next_of(disagreeing, limit=int(60 * MiB)) == Proposal(1, "none", "re-measure", attempt=3)
+    assert next_of(disagreeing) == Proposal(48, "A:1", "frontier", contenders=2)
 
 
 def test_none_read_slower_than_a_plan_that_recomputes_is_read_again() -> None:
