@@ -169,7 +169,8 @@ def propose(
             return Proposal(*calibration, ProposedBy.CALIBRATION)
         if not model.calibrated:
             return None
-    if (again := contradicted(records, speed.slowed)) is not None:
+    # an exhaustive search reads every configuration as it is, a dominated one too
+    if (again := contradicted(records, () if exhaustive else speed.slowed)) is not None:
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     incumbent = best_record(records, limit)
     if (near := warm_near_limit(records, limit, speed, _bar(speed, incumbent))) is not None:
