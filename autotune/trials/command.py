@@ -235,9 +235,7 @@ def _option(words: tuple[str, ...], name: str, default: str) -> str:
     """The value of a launcher's ``--NAME`` (also spelled with underscores, or ``--NAME=VALUE``) among the
     words before the training script."""
     spellings = (f"--{name}", f"--{name.replace('-', '_')}")
-    for i, word in enumerate(words):
-        if word.endswith(".py"):
-            break
+    for i, word in enumerate(words[: _script_index(words)]):
         key, eq, value = word.partition("=")
         if key in spellings:
             return value if eq else (words[i + 1] if i + 1 < len(words) else default)
