@@ -51,7 +51,12 @@ def test_a_verification_s_peak_holds_for_a_250_step_run_of_the_same_configuratio
     fixed, _, _ = peak(tmp_path, exactly, "--grow-steps", "60")
     long, _, _ = peak(tmp_path, TrialSettings(warmup_steps=2, measured_steps=248), "--grow-steps", "60")
     assert long - fixed > 35 * MiB  # a fixed-length verification stops at 17 of the 60 growing steps
-    assert settled >= long - 2 * MiB  # the settled one holds for the long run
+    # the settled one held all 60 growing steps: the 43 the fixed one missed (43.0-43.3 MiB read here)...
+    assert settled - fixed >= (60 - 17 - 2) * MiB
+    # ... and holds for the long run. A long run's RSS can read a little above the growth the script holds:
+    # CI once read 105.1 MiB for 250 steps where the settled run read 102.1 (101.9-102.1 here, quiet or
+    # beside three bursting neighbours; 1500 steps read 102.5)
+    assert settled >= long - 4 * MiB, (settled / MiB, long / MiB)
     assert why is not None and why.startswith("settled after ")
     assert 60 + SETTLE_WINDOW - 17 <= steps < VERIFY_SETTLE_STEPS  # it stopped once the peak held
 
