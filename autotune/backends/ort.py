@@ -40,12 +40,13 @@ and ``ORTMODULE_CACHE_DIR`` keyed by the workload fingerprint.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,15 +138,38 @@ def build_extension() -> types.ModuleType:
     build = extension_build_dir()
     build.mkdir(parents=True, exist_ok=True)
     try:
-        # torch's JIT builder: ninja, a lock file in the build folder (concurrent trials wait for one
-        # build), and no rebuild while the source and flags are unchanged.
-        return cpp_extension.load(name="aten_op_executor", sources=[str(cc)], build_directory=str(build))
+        # torch's JIT builder: ninja, no rebuild while the source and flags are unchanged, and a lock file
+        # in the build folder that concurrent builders wait on; building() clears one a dead build left
+        with building(build):
+            return cpp_extension.load(name="aten_op_executor", sources=[str(cc)], build_directory=str(build))
     except (RuntimeError, OSError, ImportError) as e:
         log = str(e).strip().splitlines()
         raise OrtUnavailable(
             f"cannot build ORTModule's aten_op_executor extension in {build} (a C++ compiler and the "
             f"Python headers are needed; autotune doctor checks): {log[-1] if log else e}"
         ) from e
+
+
+@contextlib.contextmanager
+def building(build: Path) -> Iterator[None]:
+    """Hold the build folder while torch's builder loads (or builds) the extension in it.
+
+    torch's builder (``cpp_extension.load``) marks a build with a ``lock`` file that every other builder
+    waits on, polling, for as long as it exists, and only the builder that made it removes it: a build
+    killed mid-way (a trial stopped at its timeout, a kill -9 of the tuner) leaves the file behind, and
+    every later ORT trial on the machine then waited silently until its start-up timeout (CI's ORT tests
+    failed so). Every autotune builder first takes an ``flock`` on ``build.lock`` beside it, which the kernel
+    drops when its holder dies: whoever holds it is the only builder alive, so a ``lock`` file found then
+    is a dead build's and is removed. A live build is waited for (about a minute, once per ORT x torch)."""
+    import fcntl
+
+    with open(build / "build.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            (build / "lock").unlink(missing_ok=True)  # a dead build's: no live builder holds the flock
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def wrap(model: Any) -> Any:

@@ -272,3 +272,42 @@ def test_a_tuner_skips_the_extension_check_while_the_loaded_library_is_unchanged
     library.unlink()  # gone: the check (which builds it) runs every time until a library is there
     ensure()
     assert len(checks) == 3
+
+
+def test_a_build_killed_mid_way_leaves_no_lock_that_later_trials_wait_on(tmp_path: Path) -> None:
+    """torch's extension builder waits, polling and silent, on a ``lock`` file for as long as it exists, and
+    only the builder that made it removes it: a build killed mid-way once made every later ORT trial of CI's
+    machine wait out its start-up timeout. autotune's builders hold an flock beside it, which the kernel
+    drops when its holder dies: real processes, a real kill -9."""
+    import threading
+
+    from autotune.backends.ort import building
+
+    stale = tmp_path / "lock"
+    stale.write_text("")  # a dead build's
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from autotune.backends.ort import "
+         "building\nwith building(Path(sys.argv[1])):\n    open(Path(sys.argv[1]) / 'lock', 'w').close()\n"
+         "    print('building', flush=True); time.sleep(120)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "building\n"
+        assert stale.exists()  # the live build's own lock file now
+        entered = threading.Event()
+
+        def build_next() -> None:
+            with building(tmp_path):
+                entered.set()
+
+        waiter = threading.Thread(target=build_next, daemon=True)
+        waiter.start()
+        assert not entered.wait(1.0)  # a live build is waited for
+        holder.kill()  # mid-build: its lock file stays behind
+        holder.wait(timeout=30)
+        assert stale.exists()
+        assert entered.wait(30)  # the flock died with its holder: the next build goes on ...
+        assert not stale.exists()  # ... and the dead build's lock file is gone, so torch's builder won't wait
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
