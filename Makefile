@@ -63,11 +63,14 @@ browser:
 # The core suite runs on four workers where the others run on two: many of its tests wait on trials whose
 # steps sleep (a verification's twelve 0.25 s steps, a worker's heartbeat grace), and two workers left the
 # two cores idle for 30% of the run (9:56 here; 8:19 on three; on three it grew to 9:07 and CI's 9:50, the
-# cores busy 92% of it on four: 8:27, bench/results/ci-phases-cpu.txt).
+# cores busy 92% of it on four: 8:27, bench/results/ci-phases-cpu.txt). Their torch processes run one
+# thread each (OMP_NUM_THREADS=1, as the other phases): four workers' trials each spinning two OpenMP threads
+# on two cores made the finder's tests 5x slower than alone (88 s against 16), and the suite grew to 11:15
+# here, CI's to 11:30; one thread each: 8:33 (with the probe-width test probing once: ~30 s of it).
 TEST_WORKERS ?= 2
 CORE_WORKERS ?= 4
 test: $(STAMP) postgres-server browser
-	$(BIN)/python -m pytest -n $(CORE_WORKERS) -m "not scale and not compat and not ranks and not ray" $(PYTEST_ARGS); rc=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(CORE_WORKERS) -m "not scale and not compat and not ranks and not ray" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 # DeepSpeed for the ZeRO-plan tests (pyproject's `deepspeed` extra: tests only), installed apart as Ray is.

@@ -7,22 +7,23 @@ import io
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from autotune import api
 from autotune.cli import cli
-from autotune.cli.console import trial_line
+from autotune.cli.console import console, trial_line
 from autotune.cli.fit import PlanNames
+from autotune.cli.render_trial import probed
 from autotune.core.protocol import Outcome
 from autotune.results import formats
 from autotune.results.best import BestAnswer
 from autotune.results.formats import render
 from autotune.search.records import TrialKind, TrialRecord
 
-from conftest import AUTOTUNE, SYNTHETIC, synthetic_study
+from conftest import SYNTHETIC, synthetic_study
 
 COLUMNS = ("#", "batch", "plan", "outcome", "peak", "pred.", "samples/s", "note")
 
@@ -344,35 +345,41 @@ def test_the_plans_table_has_no_column_of_blanks() -> None:
     assert columns(unmeasured, measured)[-1] == ("check", ["-", "ok"])
 
 
-@pytest.mark.parametrize("width", [80, 100])
-def test_the_probe_fits_the_terminal_and_tells_its_plans_apart(width: int, tmp_path: Path) -> None:
+def test_the_probe_fits_the_terminal_and_tells_its_plans_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 44: at 80-100 columns five operator rows all read ``Block:1/reco…`` and every number wrapped onto
     three lines. Now one line per plan, each plan's name its own (shortened as run and show shorten it, the
-    legend below), its saving whole on its line."""
+    legend below), its saving whole on its line. `autotune probe`'s own rendering at each width, of one real
+    probe of examples/gpt.py (~45 s here: probed once, drawn twice)."""
     examples = Path(__file__).resolve().parents[2] / "examples"
-    proc = subprocess.run(
-        [AUTOTUNE, "probe", "--device", "cpu", "--cache-dir", str(tmp_path), str(examples / "gpt.py")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": str(width)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
-    header = next(
-        i for i, line in enumerate(lines) if line.split()[:2] in (["plan", "freq"], ["level", "plan"])
+    result = api.probe(
+        (str(examples / "gpt.py"),), device="cpu", timeout=300, cache_dir=tmp_path, environ=os.environ
     )
-    rows = []
-    for line in lines[header + 2 :]:  # below the header's rule, to the table's blank last line
-        if not line.strip():
-            break
-        rows.append(line)
-    assert len(rows) == 10  # 3 modules, 6 operator plans, offload: one line each, nothing wrapped
-    plans = [r.split()[1 if width >= 100 else 0] for r in rows]
-    assert len(set(plans)) == len(plans) and not any(p.endswith("…") for p in plans), plans
-    assert all(
-        re.search(r"\s-?\d+(\.\d\d)? ([KMG]i)?B\s+-?\d+(\.\d\d)? ([KMG]i)?B\s+\d+%", r) for r in rows
-    ), rows
-    prose = " ".join(line.strip() for line in lines[header + 2 + len(rows) :])  # wrapped at words
-    assert re.search(r"plans shortened: .*rc= = recompute", prose), prose
+    assert result.outcome is Outcome.COMPLETE, result.error
+    for width in (80, 100):
+        monkeypatch.setenv("COLUMNS", str(width))
+        out = console()
+        out.file = io.StringIO()
+        probed(out, result, as_json_flag=False)
+        lines = out.file.getvalue().splitlines()
+        assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+        header = next(
+            i for i, line in enumerate(lines) if line.split()[:2] in (["plan", "freq"], ["level", "plan"])
+        )
+        rows = []
+        for line in lines[header + 2 :]:  # below the header's rule, to the table's blank last line
+            if not line.strip():
+                break
+            rows.append(line)
+        assert len(rows) == 10  # 3 modules, 6 operator plans, offload: one line each, nothing wrapped
+        plans = [r.split()[1 if width >= 100 else 0] for r in rows]
+        assert len(set(plans)) == len(plans) and not any(p.endswith("…") for p in plans), plans
+        assert all(
+            re.search(r"\s-?\d+(\.\d\d)? ([KMG]i)?B\s+-?\d+(\.\d\d)? ([KMG]i)?B\s+\d+%", r) for r in rows
+        ), rows
+        prose = " ".join(line.strip() for line in lines[header + 2 + len(rows) :])  # wrapped at words
+        assert re.search(r"plans shortened: .*rc= = recompute", prose), prose
 
 
 def test_studies_of_one_script_run_two_ways_read_apart(tmp_path: Path) -> None:
