@@ -16,7 +16,7 @@ truth over the truth's best (what a search on those readings would answer at bes
 with the truth, and the spread of each configuration's readings over the rounds (what the search's noise
 model would see).
 
-    python bench/thread_ranking.py [--rounds 2] [--steps 6] [--out bench/results/thread-ranking-cpu.txt]
+    python bench/thread_ranking.py [--rounds 2] [--steps 6] [--out FILE]
 """
 
 from __future__ import annotations
