@@ -160,11 +160,20 @@ def building(build: Path) -> Iterator[None]:
     every later ORT trial on the machine then waited silently until its start-up timeout (CI's ORT tests
     failed so). Every autotune builder first takes an ``flock`` on ``build.lock`` beside it, which the kernel
     drops when its holder dies: whoever holds it is the only builder alive, so a ``lock`` file found then
-    is a dead build's and is removed. A live build is waited for (about a minute, once per ORT x torch)."""
+    is a dead build's and is removed. A live build is waited for (about a minute, once per ORT x torch),
+    and the wait is said on stderr (the trial's log)."""
     import fcntl
 
     with open(build / "build.lock", "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(
+                f"autotune: waiting for another process's build of ORTModule's extension in {build}",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(held, fcntl.LOCK_EX)
         try:
             (build / "lock").unlink(missing_ok=True)  # a dead build's: no live builder holds the flock
             yield

@@ -274,12 +274,15 @@ def test_a_tuner_skips_the_extension_check_while_the_loaded_library_is_unchanged
     assert len(checks) == 3
 
 
-def test_a_build_killed_mid_way_leaves_no_lock_that_later_trials_wait_on(tmp_path: Path) -> None:
+def test_a_build_killed_mid_way_leaves_no_lock_that_later_trials_wait_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """torch's extension builder waits, polling and silent, on a ``lock`` file for as long as it exists, and
     only the builder that made it removes it: a build killed mid-way once made every later ORT trial of CI's
     machine wait out its start-up timeout. autotune's builders hold an flock beside it, which the kernel
     drops when its holder dies: real processes, a real kill -9."""
     import threading
+    import time
 
     from autotune.backends.ort import building
 
@@ -302,7 +305,13 @@ def test_a_build_killed_mid_way_leaves_no_lock_that_later_trials_wait_on(tmp_pat
 
         waiter = threading.Thread(target=build_next, daemon=True)
         waiter.start()
-        assert not entered.wait(1.0)  # a live build is waited for
+        said = ""
+        deadline = time.monotonic() + 30
+        while "waiting for another" not in said and time.monotonic() < deadline:  # a busy machine's thread
+            said += capfd.readouterr().err
+            time.sleep(0.05)
+        assert f"waiting for another process's build of ORTModule's extension in {tmp_path}" in said
+        assert not entered.wait(0.5)  # a live build is waited for, and the wait is said
         holder.kill()  # mid-build: its lock file stays behind (a kill -9 removes nothing) ...
         holder.wait(timeout=30)
         assert entered.wait(30)  # ... but the flock died with its holder: the next build goes on ...
