@@ -15,7 +15,9 @@ or the budget is hopeless. No Optuna, no database.
   A smaller batch slower than a larger batch of its plan that fits is left out of the throughput model
   instead, and not measured again: it can never be the answer (autotune.search.noise.slowed).
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
-  (autotune.search.memory_model), valued by the throughput model's optimistic prediction
+  (autotune.search.memory_model) and that no fitting configuration outranks (the same batch size with a
+  plan that recomputes less, where measuring it would not show how far its plan reaches:
+  :meth:`_Valuation.outranked`), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
   fitting batch size, the frontier.
 - *Plans per rank*: in a multi-process trial whose ranks' measured peaks differ (a pipeline's first stage
@@ -59,11 +61,12 @@ from autotune.search.records import (
     TrialKind,
     TrialRecord,
     best_record,
+    peak_verdict,
     superseded,
     warm_on_host,
 )
 from autotune.search.space import SearchSpace
-from autotune.search.throughput_model import Reading, ThroughputModel, dominates
+from autotune.search.throughput_model import Reading, ThroughputModel, dominates, outranks
 
 UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this share of the heaviest's
 
@@ -184,15 +187,18 @@ def propose(
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     per_rank = rank_frontier(records, model, space, limit)
     frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})
-    candidates = _candidates(frontier, space, tried)
     value = _Valuation(speed, space, _reach(frontier, per_rank, model, space, limit), _bar(speed, incumbent))
+    fitting = _fitting(records, limit)
+    candidates = [c for c in _candidates(frontier, space, tried) if not value.outranked(c, fitting)]
     # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
     # what rules the recompute plans in or out.
     # And measured whatever the fitted curve says where it dominates the incumbent by the model's structure
     # (a larger batch of its plan): samples/s does not fall with the batch, and a curve that falls was
     # fitted to readings a busy machine took (issue 42: the demo beside two bursting neighbours read none@1
     # at 41, none@2 and none@4 at 2-24, never measured none@32, and answered none@1 at half its speed).
-    first = next((c for c in untried if c.plan == space.uniform_plans[0]), None)
+    first = next(
+        (c for c in untried if c.plan == space.uniform_plans[0] and not value.outranked(c, fitting)), None
+    )
     anchor = first is not None and (
         value.worth(first)
         or (incumbent is not None and (i := incumbent.config) is not None and dominates(first, i))
@@ -229,6 +235,12 @@ def warm_near_limit(
         if over and near and reading is not None and (bar is None or reading.mid > bar.high):
             return config
     return None
+
+
+def _fitting(records: list[TrialRecord], limit: int) -> set[Configuration]:
+    """The configurations that fit by the majority of their memory readings (records.peak_verdict)."""
+    configs = {r.config for r in records if r.config is not None and r.kind in READINGS and r.fits(limit)}
+    return {c for c in configs if peak_verdict(records, c, limit) is True}
 
 
 def _candidates(
@@ -285,6 +297,19 @@ class _Valuation:
         """Whether it could beat the incumbent's interval (anything could, before an incumbent or a reading)."""
         value = self.optimistic(config)
         return self.bar is None or value is None or value > self.bar.high
+
+    def outranked(self, config: Configuration, fitting: Iterable[Configuration]) -> bool:
+        """Whether measuring ``config`` can change nothing: a configuration that fits outranks it
+        (throughput_model.outranks: the same batch size with a plan that ``config``'s recomputes at least,
+        so it is no faster, and a tie goes to the plan that recomputes less whatever the peaks:
+        autotune.search.verify.choose), and it is worth only its own speed, not how far its plan reaches
+        (a plan's first frontier, at the batch size of the plan that outranks it while the memory model
+        knows nothing of its savings, shows that: measured, it may reach twice the batch). Measured (#41):
+        bench/time_to_answer.py's GPT-2 at 2337 MiB, with none@7 fitting at 2.9 samples/s, measured
+        GPT2Block:0.25@7 (2.8) in a process of its own once GPT2Block:0.25@8 read over the limit: 20.7 s
+        of the run's 151."""
+        reaches = self.reach.get(config, config.batch_size) > config.batch_size
+        return not reaches and any(outranks(other, config) for other in fitting)
 
     def promise(self, config: Configuration) -> tuple[float, int, int]:
         """Optimistic throughput (unknown before any reading: the space's plan order), then the larger batch."""

@@ -360,3 +360,11 @@ def dominates(config: tuple[int, str], other: tuple[int, str]) -> bool:
     if plan == other_plan:
         return batch > other_batch
     return batch == other_batch and plan_recomputes_at_least(other_plan, plan)
+
+
+def outranks(config: tuple[int, str], other: tuple[int, str]) -> bool:
+    """Whether ``config`` wins a tie with ``other`` by the throughput model's structure whatever their peaks:
+    the same batch with a plan that ``other``'s recomputes at least (:func:`dominates`, less its larger
+    batches of one plan). Where ``config`` fits, ``other`` can never be the answer (autotune.search.verify.
+    choose takes ``config`` from a tie, and a plan is never faster than one it recomputes at least of)."""
+    return config[1] != other[1] and dominates(config, other)

@@ -47,7 +47,7 @@ from autotune.search.records import (
     peak_verdict,
     superseded,
 )
-from autotune.search.throughput_model import dominates
+from autotune.search.throughput_model import dominates, outranks
 from autotune.storage import BestRow, JobState, Lease, LeaseKind, LeaseState
 from autotune.trials.interrupts import StopRequested
 from autotune.trials.result import TrialResult
@@ -400,13 +400,6 @@ def challengers(
     undominated = {c for c in likely if not any(dominates(o, c) for o in fitting if o != c)}
     order = sorted(likely, key=lambda c: (c not in undominated, -likely[c], c))
     return order[: MAX_CONTENDERS - 1]
-
-
-def outranks(config: Configuration, other: Configuration) -> bool:
-    """Whether ``config`` wins a tie with ``other`` by the throughput model's structure whatever their peaks:
-    the same batch with a plan that ``other``'s recomputes at least (:func:`dominates`, less its larger
-    batches of one plan)."""
-    return config[1] != other[1] and dominates(config, other)
 
 
 def side_by_side(records: list[TrialRecord], contenders: list[Configuration]) -> bool:

@@ -301,3 +301,22 @@ def test_a_hopeless_budget_is_told_by_a_completed_peak_not_by_a_trial_stopped_at
     assert no_fit_message([stopped], 47 * MiB, budget_for).startswith(
         "no configuration fits 47.00 MiB (budget minus headroom): the smallest peak measured was at least 52.00 MiB "
     )
+
+
+def test_a_plan_outranked_at_its_last_frontier_by_a_fitting_none_is_not_measured() -> None:
+    """none@32 fits, read 3% below the curve its smaller batches trace (a reading's noise), so the curve
+    values anything at 32 just above none@32's interval. A:1 at 48 saved nothing and read over the limit
+    (580 MiB): its frontier is 32, where none fits and outranks it (no faster, and a tie goes to none
+    whatever the peaks). Measuring A:1@32 could change nothing (issue 41: GPT-2 measured GPT2Block:0.25@7
+    beside a fitting none@7 for 21 s of a 151 s run), so the search stops. Before A:1 was measured
+    anywhere, its frontier at 32 is measured: it shows how far the plan reaches."""
+    records = [*calibrated(knee), trial(2, 32, "none", 10, samples_per_sec=0.97 * knee(32))]
+    model = model_of(records)  # no probe: what A:1 saves is not known
+    assert model.largest_fitting("A:1", SPACE.batch_sizes, LIMIT) == 32  # none's, until A:1 is measured
+    first = propose(records, model, speed_of(records), SPACE, LIMIT, set())
+    assert first == Proposal(32, "A:1", "frontier")  # its reach: where it saves what it might
+    records.append(trial(3, 48, "A:1", 10, samples_per_sec=knee(48)))
+    assert model_of(records, SAVINGS).largest_fitting("A:1", SPACE.batch_sizes, LIMIT) == 32
+    stop = next_for(records)
+    assert isinstance(stop, Finished), stop
+    assert stop.reason.startswith("no remaining configuration is predicted to beat none@32 (235.2 ±1%")
