@@ -15,9 +15,10 @@ or the budget is hopeless. No Optuna, no database.
   A smaller batch slower than a larger batch of its plan that fits is left out of the throughput model
   instead, and not measured again: it can never be the answer (autotune.search.noise.slowed).
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
-  (autotune.search.memory_model) and that no fitting configuration outranks (the same batch size with a
-  plan that recomputes less, where measuring it would not show how far its plan reaches:
-  :meth:`_Valuation.outranked`), valued by the throughput model's optimistic prediction
+  (autotune.search.memory_model) and that is not moot (:meth:`_Valuation.moot`: a configuration that
+  fits is answered over it whatever it reads: the same batch size with a plan that recomputes less, where
+  measuring it would not show how far its plan reaches; its plan at a larger batch read on a busy
+  machine), valued by the throughput model's optimistic prediction
   (autotune.search.throughput_model). The most promising is proposed: for each plan that is its largest
   fitting batch size, the frontier.
 - *Plans per rank*: in a multi-process trial whose ranks' measured peaks differ (a pipeline's first stage
@@ -46,6 +47,7 @@ from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import (
     contradicted,
+    disturbed,
     in_flight,
     next_attempt,
     out_of_order,
@@ -187,18 +189,24 @@ def propose(
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
     per_rank = rank_frontier(records, model, space, limit)
     frontier.update({plan: largest for plan, (largest, _) in per_rank.items()})
-    value = _Valuation(speed, space, _reach(frontier, per_rank, model, space, limit), _bar(speed, incumbent))
     fitting = _fitting(records, limit)
-    candidates = [c for c in _candidates(frontier, space, tried) if not value.outranked(c, fitting)]
+    value = _Valuation(
+        speed,
+        space,
+        _reach(frontier, per_rank, model, space, limit),
+        _bar(speed, incumbent),
+        frozenset(fitting),
+        frozenset(_read_busy(records, fitting)),
+    )
+    left = _candidates(frontier, space, tried)
+    candidates = [c for c in left if not value.moot(c)]
     # The first plan's frontier first: it anchors the throughput curve at a large batch size, which is
     # what rules the recompute plans in or out.
     # And measured whatever the fitted curve says where it dominates the incumbent by the model's structure
     # (a larger batch of its plan): samples/s does not fall with the batch, and a curve that falls was
     # fitted to readings a busy machine took (issue 42: the demo beside two bursting neighbours read none@1
     # at 41, none@2 and none@4 at 2-24, never measured none@32, and answered none@1 at half its speed).
-    first = next(
-        (c for c in untried if c.plan == space.uniform_plans[0] and not value.outranked(c, fitting)), None
-    )
+    first = next((c for c in untried if c.plan == space.uniform_plans[0] and not value.moot(c)), None)
     anchor = first is not None and (
         value.worth(first)
         or (incumbent is not None and (i := incumbent.config) is not None and dominates(first, i))
@@ -212,7 +220,8 @@ def propose(
         return Proposal(*best, why, contenders)
     if incumbent is None:  # nothing fits yet, and nothing left is predicted to
         return Finished("no configuration left is predicted to fit")
-    return _before_stopping(records, model, speed, space, limit, tried, incumbent, value, best)
+    moot = len(left) - len(candidates)
+    return _before_stopping(records, model, speed, space, limit, tried, incumbent, value, best, moot)
 
 
 def warm_near_limit(
@@ -241,6 +250,13 @@ def _fitting(records: list[TrialRecord], limit: int) -> set[Configuration]:
     """The configurations that fit by the majority of their memory readings (records.peak_verdict)."""
     configs = {r.config for r in records if r.config is not None and r.kind in READINGS and r.fits(limit)}
     return {c for c in configs if peak_verdict(records, c, limit) is True}
+
+
+def _read_busy(records: list[TrialRecord], configs: Iterable[Configuration]) -> set[Configuration]:
+    """Those of ``configs`` a reading of which a busy machine took (autotune.search.noise.disturbed)."""
+    busy = disturbed(records)
+    read = {r.config for r in records if r.number in busy and r.kind in READINGS and r.config is not None}
+    return read & set(configs)
 
 
 def _candidates(
@@ -289,6 +305,8 @@ class _Valuation:
     space: SearchSpace
     reach: dict[Configuration, int]
     bar: Interval | None
+    fitting: frozenset[Configuration] = frozenset()  # the configurations that fit by their readings
+    busy: frozenset[Configuration] = frozenset()  # those of them a busy machine took a reading of
 
     def optimistic(self, config: Configuration) -> float | None:
         return self.speed.optimistic(self.reach.get(config, config.batch_size), config.plan)
@@ -298,18 +316,31 @@ class _Valuation:
         value = self.optimistic(config)
         return self.bar is None or value is None or value > self.bar.high
 
-    def outranked(self, config: Configuration, fitting: Iterable[Configuration]) -> bool:
-        """Whether measuring ``config`` can change nothing: a configuration that fits outranks it
-        (throughput_model.outranks: the same batch size with a plan that ``config``'s recomputes at least,
-        so it is no faster, and a tie goes to the plan that recomputes less whatever the peaks:
-        autotune.search.verify.choose), and it is worth only its own speed, not how far its plan reaches
-        (a plan's first frontier, at the batch size of the plan that outranks it while the memory model
-        knows nothing of its savings, shows that: measured, it may reach twice the batch). Measured (#41):
-        bench/time_to_answer.py's GPT-2 at 2337 MiB, with none@7 fitting at 2.9 samples/s, measured
-        GPT2Block:0.25@7 (2.8) in a process of its own once GPT2Block:0.25@8 read over the limit: 20.7 s
-        of the run's 151."""
+    def moot(self, config: Configuration) -> bool:
+        """Whether measuring ``config`` can change nothing: a configuration that fits (``fitting``) is
+        answered over it whatever its reading says (autotune.search.verify.choose).
+
+        - One outranks it (throughput_model.outranks: the same batch size with a plan that ``config``'s
+          recomputes at least, so no slower, and a tie goes to the plan that recomputes less whatever the
+          peaks), and ``config`` is worth only its own speed, not how far its plan reaches (a plan's first
+          frontier, at the batch size of the plan that outranks it while the memory model knows nothing of
+          its savings, shows that: measured, it may reach twice the batch). Measured (#41):
+          bench/time_to_answer.py's GPT-2 at 2337 MiB, with none@7 fitting at 2.9 samples/s, measured
+          GPT2Block:0.25@7 (2.8) in a process of its own once GPT2Block:0.25@8 read over the limit: 20.7 s
+          of the run's 151.
+        - One dominates it (throughput_model.dominates: its plan at a larger batch too) and a busy machine
+          took a reading of that one (``busy``): the verification then measures the dominating one beside
+          any leader it dominates and drops the dominated one whatever the readings (verify.dominating,
+          verify.choose: under contention a larger batch reads slower than it runs). Measured (#42): beside
+          four bursting neighbours, examples/gpt.py's runs measured none@24, none@7 and none@12 with none@32
+          fitting and read under load, 3 of 24 trials over three runs, none of them answerable.
+
+        A verification that finds the fitting one over the limit sends the search on without it, and
+        ``config`` is a candidate again."""
+        if any(dominates(other, config) for other in self.busy):
+            return True
         reaches = self.reach.get(config, config.batch_size) > config.batch_size
-        return not reaches and any(outranks(other, config) for other in fitting)
+        return not reaches and any(outranks(other, config) for other in self.fitting)
 
     def promise(self, config: Configuration) -> tuple[float, int, int]:
         """Optimistic throughput (unknown before any reading: the space's plan order), then the larger batch."""
@@ -326,22 +357,30 @@ def _before_stopping(
     incumbent: TrialRecord,
     value: _Valuation,
     best: Configuration | None,
+    moot: int = 0,
 ) -> Proposal | Finished:
     """Nothing left is worth a trial: the readings that decide the stop are settled first (the incumbent's,
     and the reference plan's largest batch, which bounds every other configuration's climb), and a plan
-    whose reading falls at a larger batch is probed between; then Finished, with the reason."""
+    whose reading falls at a larger batch is probed between; then Finished, with the reason (and how many
+    configurations left were ``moot``: :meth:`_Valuation.moot`)."""
     assert incumbent.batch_size is not None and incumbent.plan is not None
     deciders = [Configuration(incumbent.batch_size, incumbent.plan)]
     if speed.reference is not None and (speed.largest, speed.reference) in speed.pooled:
         deciders.append(Configuration(speed.largest, speed.reference))
     if (again := unsettled(records, deciders)) is not None:
         return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
-    if (question := _between(speed, model, space, limit, tried, value.bar)) is not None:
+    if (question := _between(speed, model, space, limit, tried, value)) is not None:
         return question
     name = f"{incumbent.plan}@{incumbent.batch_size}"
     reason = f"no remaining configuration is predicted to beat {name} ({value.bar} samples/s) by more than its noise"
+    if moot:
+        reason += (
+            f"; {moot} configuration{'s' if moot > 1 else ''} left could change nothing (a fitting one is "
+            "answered over each, whatever it reads)"
+        )
     if best is None:
-        return Finished(f"{reason}; every configuration that could fit has been measured")
+        return Finished(f"{reason}; every other configuration that could fit has been measured" if moot else
+                        f"{reason}; every configuration that could fit has been measured")  # fmt: skip
     at_most = value.optimistic(best) or 0.0
     return Finished(
         f"{reason}; the closest, {best.plan}@{best.batch_size}, could reach at most {at_most:,.1f}"
@@ -439,12 +478,15 @@ def _between(
     space: SearchSpace,
     limit: int,
     tried: set[Configuration],
-    bar: Interval | None,
+    value: _Valuation,
 ) -> Proposal | None:
     """A batch size between two readings of one plan where the larger batch read slower beyond both
-    intervals, and the smaller one is near the top (its interval reaches the incumbent's): the throughput
-    curve does not fall, so the drop is a question (the machine, or a cliff), not a plateau. The ladder's
-    log midpoint, if it is predicted to fit and not tried."""
+    intervals, and the smaller one is near the top (its interval reaches the incumbent's, ``value.bar``):
+    the throughput curve does not fall, so the drop is a question (the machine, or a cliff), not a plateau.
+    The ladder's log midpoint, if it is predicted to fit, not tried, and not moot (:meth:`_Valuation.moot`:
+    a larger batch of its plan that fits was read on a busy machine, and the answer is that one whatever
+    the midpoint reads)."""
+    bar = value.bar
     by_plan: dict[str, list[tuple[int, Interval]]] = {}
     for (batch, plan), reading in speed.pooled.items():
         by_plan.setdefault(plan, []).append((batch, reading))
@@ -460,6 +502,7 @@ def _between(
                 and (middle, plan) not in tried
                 and largest is not None
                 and middle <= largest
+                and not value.moot(Configuration(middle, plan))
             ):
                 return Proposal(middle, plan, ProposedBy.BETWEEN)
     return None

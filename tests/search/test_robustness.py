@@ -25,7 +25,15 @@ from autotune.search.memory_model import MemoryModel, Observation, memory_noise
 from autotune.search.noise import certainty, out_of_order, overruled
 from autotune.search.optuna_trials import records_of
 from autotune.search.propose import Finished, Proposal, model_of, propose, speed_of
-from autotune.search.records import REMEASURE, ProposedBy, TrialKind, TrialRecord, best_record, peak_verdict
+from autotune.search.records import (
+    REMEASURE,
+    Configuration,
+    ProposedBy,
+    TrialKind,
+    TrialRecord,
+    best_record,
+    peak_verdict,
+)
 from autotune.search.space import SearchSpace
 from autotune.search.verify import choose
 
@@ -348,6 +356,29 @@ def test_a_reading_lower_at_a_larger_batch_is_a_question_measured_between() -> N
         records.append(reading(len(records), proposal.batch_size, truth[proposal.batch_size]))
     assert asked == [(8, "between"), (16, "between"), (24, "between")]
     assert proposal.reason.startswith("no remaining configuration is predicted to beat none@16 (95.0 ±1%")
+
+
+def test_smaller_batches_of_a_fitting_batch_read_on_a_busy_machine_are_not_measured() -> None:
+    """Issue 42's heavy runs of examples/gpt.py: none@32 fits and read 8.8, 55.4 and 8.9 (two of them
+    beside the bursting neighbours). The verification measures none@32 beside any smaller batch of none that
+    leads and answers none@32 whatever the readings (verify.dominating, verify.choose), so the search does
+    not measure none@24, @16, @8 and @2 and re-measure @4, as it did (5 trials for no answer): it stops, and
+    says why. On a quiet machine the same readings leave the smaller batches their chance (a tie goes to
+    the smaller peak), and none@24 is measured."""
+    busy = [reading(0, 1, 24.4), reading(1, 4, 14.1, BUSY), reading(2, 32, 8.8, BUSY), reading(3, 32, 55.4)]
+    busy.append(reading(4, 32, 8.9, BUSY))
+    stop = next_for(busy)
+    assert isinstance(stop, Finished), stop
+    assert stop.reason == (
+        "no remaining configuration is predicted to beat none@32 (8.9 ±2% samples/s) by more than its noise; "
+        "4 configurations left could change nothing (a fitting one is answered over each, whatever it reads); "
+        "every other configuration that could fit has been measured"
+    )
+    # whatever none@24 would read: faster than every reading of none@32 here
+    read = [*busy, reading(5, 24, 60.0)]
+    assert choose(read, [Configuration(32, "none"), Configuration(24, "none")], 0.0) == (32, "none")
+    quiet = [dataclasses.replace(r, load=QUIET) for r in busy]
+    assert next_for(quiet) == Proposal(24, "none", "candidate", contenders=4)
 
 
 def test_a_busy_machine_s_readings_that_decide_the_stop_are_measured_again_interleaved() -> None:
