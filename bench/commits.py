@@ -4,7 +4,11 @@ cache each run: each run's wall, answer, trial runs and processes, and the media
 search costs or saves, measured in one sitting rather than against figures from another day.
 
     python bench/commits.py --before REV [--after HEAD] [--condition heavy] [--rounds 3]
-        [--script examples/gpt.py] [--budget 1GiB] [--trials 10] [--out bench/results/...]
+        [--script examples/gpt.py] [--script-args ARGS] [--budget 1GiB] [--trials 10] [--out bench/results/...]
+
+``--script-args``: the script's own arguments, one string (``{batch_size}`` as autotune run reads it), e.g.
+``--script bench/gpt2_train.py --script-args "--device cpu --layers 4 --width 256 --seq 256 --batch-size
+{batch_size}" --budget 2337MiB``: issue 41's GPT-2 on the CPU.
 
 Each commit is checked out into a temporary git worktree and run with this checkout's Python environment
 (PYTHONPATH set to the worktree): the same torch, optuna and interpreter for both.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -40,7 +45,9 @@ def worktree(rev: str, into: Path) -> tuple[Path, str]:
 def run(tree: Path, args: argparse.Namespace, seed: int) -> dict:
     cache = tempfile.mkdtemp(prefix="autotune-commits-")
     argv = [sys.executable, "-m", "autotune", "run", "--json", "--device", "cpu", "--budget", args.budget,
-            "--trials", str(args.trials), "--cache-dir", cache, str(tree / args.script)]  # fmt: skip
+            "--trials", str(args.trials), "--cache-dir", cache]  # fmt: skip
+    script = str(tree / args.script)
+    argv += ["--", sys.executable, script, *shlex.split(args.script_args)] if args.script_args else [script]
     load = neighbours(args.condition, seed)
     started = time.monotonic()
     try:
@@ -72,6 +79,7 @@ def main() -> None:
     parser.add_argument("--condition", default="heavy", choices=["quiet", "loaded", "heavy"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--script", default="examples/gpt.py")
+    parser.add_argument("--script-args", default="", help="the script's arguments, one string")
     parser.add_argument("--budget", default="1GiB")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
@@ -80,7 +88,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="autotune-commits-") as tmp:
         trees = [worktree(args.before, Path(tmp) / "before"), worktree(args.after, Path(tmp) / "after")]
         try:
-            lines.append(f"# {args.script} at {args.budget}, --trials {args.trials}, {args.condition}: "
+            script = " ".join([args.script, *([args.script_args] if args.script_args else [])])
+            lines.append(f"# {script} at {args.budget}, --trials {args.trials}, {args.condition}: "
                          f"before {trees[0][1]}, after {trees[1][1]}")  # fmt: skip
             walls: dict[str, list[float]] = {"before": [], "after": []}
             for r in range(args.rounds):
