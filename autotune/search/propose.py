@@ -320,27 +320,30 @@ class _Valuation:
         """Whether measuring ``config`` can change nothing: a configuration that fits (``fitting``) is
         answered over it whatever its reading says (autotune.search.verify.choose).
 
+        Never where ``config`` is worth more than its own speed: a plan's frontier valued at a larger batch
+        than its own shows how far the plan reaches (at first, at the batch size of ``none``'s frontier,
+        while the memory model knows nothing of its savings: measured, it may reach twice the batch).
+
         - One outranks it (throughput_model.outranks: the same batch size with a plan that ``config``'s
           recomputes at least, so no slower, and a tie goes to the plan that recomputes less whatever the
-          peaks), and ``config`` is worth only its own speed, not how far its plan reaches (a plan's first
-          frontier, at the batch size of the plan that outranks it while the memory model knows nothing of
-          its savings, shows that: measured, it may reach twice the batch). Measured (#41):
-          bench/time_to_answer.py's GPT-2 at 2337 MiB, with none@7 fitting at 2.9 samples/s, measured
-          GPT2Block:0.25@7 (2.8) in a process of its own once GPT2Block:0.25@8 read over the limit: 20.7 s
-          of the run's 151.
-        - One dominates it (throughput_model.dominates: its plan at a larger batch too) and a busy machine
-          took a reading of that one (``busy``): the verification then measures the dominating one beside
-          any leader it dominates and drops the dominated one whatever the readings (verify.dominating,
-          verify.choose: under contention a larger batch reads slower than it runs). Measured (#42): beside
-          four bursting neighbours, examples/gpt.py's runs measured none@24, none@7 and none@12 with none@32
-          fitting and read under load, 3 of 24 trials over three runs, none of them answerable.
+          peaks). Measured (#41): bench/time_to_answer.py's GPT-2 at 2337 MiB, with none@7 fitting at 2.9
+          samples/s, measured GPT2Block:0.25@7 (2.8) in a process of its own once GPT2Block:0.25@8 read
+          over the limit: 20.7 s of the run's 151.
+        - One dominates it (throughput_model.dominates: its plan, or one it recomputes at least of, at a
+          larger batch too) and a busy machine took a reading of that one (``busy``): the verification then
+          measures the dominating one beside any leader it dominates and drops the dominated one whatever
+          the readings (verify.dominating, verify.choose: under contention a larger batch reads slower than
+          it runs). Measured (#42): beside four bursting neighbours, examples/gpt.py's runs measured
+          none@24, none@7, none@12, Block:0.25@24, MLP:1@24 and MLP:1@16 with none@32 fitting and read
+          under load, none of them answerable.
 
         A verification that finds the fitting one over the limit sends the search on without it, and
         ``config`` is a candidate again."""
-        if any(dominates(other, config) for other in self.busy):
-            return True
-        reaches = self.reach.get(config, config.batch_size) > config.batch_size
-        return not reaches and any(outranks(other, config) for other in self.fitting)
+        if self.reach.get(config, config.batch_size) > config.batch_size:
+            return False  # it shows how far its plan reaches
+        return any(outranks(other, config) for other in self.fitting) or any(
+            dominates(other, config) for other in self.busy
+        )
 
     def promise(self, config: Configuration) -> tuple[float, int, int]:
         """Optimistic throughput (unknown before any reading: the space's plan order), then the larger batch."""

@@ -10,7 +10,9 @@ the per-sample work a forward pass is (about a third: backward costs about twice
 
 Dominance follows: at equal batch size ``none`` is at least as fast as any recompute plan (an overhead is
 never negative against ``none``), and a plan that recomputes everything another plan does
-(autotune.core.plans.recomputes_at_least) is no faster than it. The exception is ``own:off`` for a script
+(autotune.core.plans.recomputes_at_least) is no faster than it; with throughput not falling with the batch,
+a plan at a larger batch is at least as fast as one that recomputes at least as much at a smaller one
+(:func:`dominates`). The exception is ``own:off`` for a script
 that checkpoints by itself: none keeps the script's recompute and own:off drops it, so its overhead is
 negative (the probe's share of the forward the script repeats, negative) and its bound is not none's. So
 is a sharding plan that reshards FSDP2's blocks less than the script does (``fsdp:keep``, a smaller group):
@@ -354,17 +356,19 @@ def plan_recomputes_at_least(plan: str, other: str) -> bool:
 
 def dominates(config: tuple[int, str], other: tuple[int, str]) -> bool:
     """Whether ``config`` is at least as fast as ``other`` by the throughput model's structure: the same plan
-    at a larger batch (throughput does not fall with the batch), or the same batch with a plan that
-    ``other``'s recomputes at least."""
+    at a larger batch (throughput does not fall with the batch), or a plan that ``other``'s recomputes at
+    least at the same or a larger batch (both at once: none@32 is no slower than none@24, which is no
+    slower than Block:0.25@24)."""
     (batch, plan), (other_batch, other_plan) = config, other
     if plan == other_plan:
         return batch > other_batch
-    return batch == other_batch and plan_recomputes_at_least(other_plan, plan)
+    return batch >= other_batch and plan_recomputes_at_least(other_plan, plan)
 
 
 def outranks(config: tuple[int, str], other: tuple[int, str]) -> bool:
     """Whether ``config`` wins a tie with ``other`` by the throughput model's structure whatever their peaks:
-    the same batch with a plan that ``other``'s recomputes at least (:func:`dominates`, less its larger
-    batches of one plan). Where ``config`` fits, ``other`` can never be the answer (autotune.search.verify.
+    the same batch with a plan that ``other``'s recomputes at least (:func:`dominates` at one batch size).
+    Where ``config`` fits, ``other`` can never be the answer (autotune.search.verify.
     choose takes ``config`` from a tie, and a plan is never faster than one it recomputes at least of)."""
-    return config[1] != other[1] and dominates(config, other)
+    (batch, plan), (other_batch, other_plan) = config, other
+    return batch == other_batch and plan != other_plan and plan_recomputes_at_least(other_plan, plan)

@@ -381,6 +381,33 @@ def test_smaller_batches_of_a_fitting_batch_read_on_a_busy_machine_are_not_measu
     assert next_for(quiet) == Proposal(24, "none", "candidate", contenders=4)
 
 
+def test_a_plan_s_frontier_is_measured_for_its_reach_and_its_smaller_batches_are_moot_beside_a_busy_fit() -> (
+    None
+):
+    """The same busy readings with a plan A:1 in the space (4 MiB a sample where none takes 10; nothing
+    known of it at first). Its frontier, A:1@32, is measured though none@32 fits and outranks it: it shows
+    how far A:1 reaches (96). A:1@24 and every smaller batch of A:1 are moot: none@32 is no slower than
+    none@24, which is no slower than A:1@24 (throughput_model.dominates), and none@32 was read on a busy
+    machine. The search measured A:1@24 first."""
+    space = SearchSpace(batch_sizes=SPACE.batch_sizes, plans=("none", "A:1"))
+    records = [
+        reading(0, 1, 24.4),
+        reading(1, 4, 14.1, BUSY),
+        reading(2, 32, 8.8, BUSY),
+        reading(3, 32, 55.4),
+    ]
+    records.append(reading(4, 32, 8.9, BUSY))
+    asked = []
+    while isinstance(
+        proposal := propose(records, model_of(records), speed_of(records), space, LIMIT), Proposal
+    ):
+        asked.append((proposal.batch_size, proposal.plan, proposal.why))
+        a1 = reading(len(records), proposal.batch_size, 0.28 * proposal.batch_size, BUSY)
+        records.append(dataclasses.replace(a1, plan="A:1", peak_bytes=(100 + 4 * proposal.batch_size) * MiB))
+    assert asked == [(32, "A:1", "frontier"), (96, "A:1", "frontier")]
+    assert "; 12 configurations left could change nothing" in proposal.reason
+
+
 def test_a_busy_machine_s_readings_that_decide_the_stop_are_measured_again_interleaved() -> None:
     """The demo's batch-1 run of issue 25: batch 1 read 62.5 on a quiet machine, batch 4 read 2.5 on a busy
     one, and the old rule stopped at once ("none@32 could reach at most 2.9"). The frontier, none@32, is a
