@@ -35,7 +35,7 @@ from autotune.search.records import (
     peak_verdict,
 )
 from autotune.search.space import SearchSpace
-from autotune.search.verify import choose
+from autotune.search.verify import choose, dominating, unverified
 
 from conftest import SYNTHETIC, MiB
 
@@ -406,6 +406,23 @@ def test_a_plan_s_frontier_is_measured_for_its_reach_and_its_smaller_batches_are
         records.append(dataclasses.replace(a1, plan="A:1", peak_bytes=(100 + 4 * proposal.batch_size) * MiB))
     assert asked == [(32, "A:1", "frontier"), (96, "A:1", "frontier")]
     assert "; 12 configurations left could change nothing" in proposal.reason
+
+
+def test_a_run_that_cannot_pay_for_a_verification_answers_no_configuration_a_busy_fit_dominates() -> None:
+    """Issue 42's heavy run of examples/gpt.py at 65e04f4, replayed: none@1 read 37.1 in a quiet moment,
+    none@32 read 27.3, 78.2 (quiet) and 9.1, and the run reached its time limit: the leader by the medians,
+    none@1, was answered unverified at 0.4 of none@32's speed. none@32 fits and dominates it, and a busy
+    machine took its readings: the answer is none@32, as a verification would have answered it."""
+    records = [reading(0, 1, 37.1), reading(1, 4, 1.2, BUSY), reading(2, 32, 27.3, BUSY)]
+    records += [reading(3, 32, 78.2), reading(4, 32, 9.1, BUSY)]
+    leader = Configuration(1, "none")
+    fitting = [Configuration(1, "none"), Configuration(4, "none"), Configuration(32, "none")]
+    stronger = dominating(leader, fitting, records)
+    assert stronger == [(32, "none")]
+    assert unverified(leader, stronger, records, 0.0) == (32, "none")
+    # on a quiet machine nothing overrules the readings: none@1 is answered, unverified
+    quiet = [dataclasses.replace(r, load=QUIET) for r in records]
+    assert unverified(leader, dominating(leader, fitting, quiet), quiet, 0.0) == leader
 
 
 def test_a_busy_machine_s_readings_that_decide_the_stop_are_measured_again_interleaved() -> None:
