@@ -79,6 +79,14 @@ def disturbed(records: Iterable[TrialRecord]) -> set[int]:
     } | shifted
 
 
+def read_busy(records: Iterable[TrialRecord]) -> set[Configuration]:
+    """The configurations a reading of which (search, warm start, verification) a busy machine took
+    (:func:`disturbed`)."""
+    records = list(records)
+    busy = disturbed(records)
+    return {r.config for r in records if r.number in busy and r.kind in READINGS and r.config is not None}
+
+
 def readings(records: Iterable[TrialRecord], config: Configuration) -> list[TrialRecord]:
     """The completed speed readings of ``config``: its search trials, warm starts and verifications."""
     return [

@@ -47,11 +47,11 @@ from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import (
     contradicted,
-    disturbed,
     in_flight,
     next_attempt,
     out_of_order,
     overruled,
+    read_busy,
     slowed,
     unsettled,
 )
@@ -196,7 +196,7 @@ def propose(
         _reach(frontier, per_rank, model, space, limit),
         _bar(speed, incumbent),
         frozenset(fitting),
-        frozenset(_read_busy(records, fitting)),
+        frozenset(read_busy(records) & fitting),
     )
     left = _candidates(frontier, space, tried)
     candidates = [c for c in left if not value.moot(c)]
@@ -250,13 +250,6 @@ def _fitting(records: list[TrialRecord], limit: int) -> set[Configuration]:
     """The configurations that fit by the majority of their memory readings (records.peak_verdict)."""
     configs = {r.config for r in records if r.config is not None and r.kind in READINGS and r.fits(limit)}
     return {c for c in configs if peak_verdict(records, c, limit) is True}
-
-
-def _read_busy(records: list[TrialRecord], configs: Iterable[Configuration]) -> set[Configuration]:
-    """Those of ``configs`` a reading of which a busy machine took (autotune.search.noise.disturbed)."""
-    busy = disturbed(records)
-    read = {r.config for r in records if r.number in busy and r.kind in READINGS and r.config is not None}
-    return read & set(configs)
 
 
 def _candidates(
@@ -382,8 +375,8 @@ def _before_stopping(
             "answered over each, whatever it reads)"
         )
     if best is None:
-        return Finished(f"{reason}; every other configuration that could fit has been measured" if moot else
-                        f"{reason}; every configuration that could fit has been measured")  # fmt: skip
+        every = "every other" if moot else "every"
+        return Finished(f"{reason}; {every} configuration that could fit has been measured")
     at_most = value.optimistic(best) or 0.0
     return Finished(
         f"{reason}; the closest, {best.plan}@{best.batch_size}, could reach at most {at_most:,.1f}"

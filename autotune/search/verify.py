@@ -441,8 +441,7 @@ def side_by_side(records: list[TrialRecord], contenders: list[Configuration]) ->
 
 def _loaded(records: list[TrialRecord], configs: list[Configuration]) -> bool:
     """Whether a busy machine took any reading of ``configs`` (autotune.search.noise.disturbed)."""
-    busy = noise.disturbed(records)
-    return any(r.number in busy for r in records if r.config in configs and r.kind in READINGS)
+    return not noise.read_busy(records).isdisjoint(configs)
 
 
 def dominating(
