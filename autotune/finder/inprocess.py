@@ -337,7 +337,12 @@ class _Guard:
         self._polled = 0.0
         request = trial.request
         self.settle = (
-            Settle(Path(request.settled_path), request.total_steps, settings.settle_seconds)
+            Settle(
+                Path(request.settled_path),
+                request.total_steps,
+                settings.settle_seconds,
+                settings.settle_limit,
+            )
             if request.settle_steps
             else None
         )

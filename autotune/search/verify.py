@@ -587,6 +587,8 @@ def _run_verification(
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
     search.cost.spend()
+    if settings.settle_steps:  # it need not wait for its peak to settle where the limit has room for its rise
+        settings = dataclasses.replace(settings, settle_limit=search.limit)
     if settings.settle_steps and (left := search.cost.seconds_left()) != math.inf:
         # its peak settles within half what the time limit leaves: start-up and measured steps take the rest
         settings = dataclasses.replace(

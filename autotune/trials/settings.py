@@ -31,6 +31,9 @@ class TrialSettings:
     # fixed length), and at most as long again as it ran, settle_seconds at most (autotune.trials.settle)
     settle_steps: int = 0
     settle_seconds: float = 120.0
+    # the limit a settling verification's peak is judged by (bytes; None: not known): it ends early once the
+    # limit has room for its peak's rise to go on (autotune.trials.settle.Settle.room)
+    settle_limit: int | None = None
     # measured steps go on until the throughput's interval is this tight (relative half-width), for at most
     # a quarter of the trial's start-up and 10 s: issue 31's GPU trials started for ~18 s and measured 5
     # steps in 0.35 s, and readings of one configuration ranged 27.5-37.9 samples/s (0: a fixed count)

@@ -5,6 +5,7 @@ steps; T5 727.65 / 729.64 / 753.18 MiB after 5 / 15 / 100 steps)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from autotune.search.records import TrialRecord, peak_verdict
 from autotune.search.spec import VERIFY_SETTLE_STEPS
 from autotune.trials.measurement import measure_spec
 from autotune.trials.settings import TrialSettings
-from autotune.trials.settle import SETTLE_WINDOW, growth, still_rising, tolerance
+from autotune.trials.settle import ROOM, SETTLE_WINDOW, Settle, growth, still_rising, tolerance
 
 from conftest import DETERMINISTIC_CPU_ALLOCATOR, SYNTHETIC
 
@@ -138,6 +139,53 @@ def test_a_run_whose_answer_was_still_rising_says_so(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert re.search(
-        r"trial \d+'s peak still rose [\d.]+ MiB over its last 10 steps \(step cap after", result.output
+        r"trial \d+'s peak still rose [\d.]+ MiB over its last 10 steps \(rising with room to spare after",
+        result.output,
     )
     assert re.search(r"; still rising [\d.]+ MiB over the last 10 steps of its longest run", result.output)
+
+
+def test_the_limit_has_room_for_a_rise_that_goes_on_at_its_rate_until_the_cap() -> None:
+    """Issue 41: a verification need not wait for its peak to settle where waiting could change no verdict.
+    The peak (112 MiB) rose 10 MiB over its last 10 steps, at a step a second since the first poll, and the
+    time cap allows 30 s more: the limit must hold 30 more steps at that rate and the window's rise once
+    more, 40 MiB over the peak. A byte less and it waits; without a limit (``measure``) it always waits."""
+
+    def room(limit: int | None, now: float = 10.0) -> bool:
+        settle = Settle(Path("settled.json"), measured=12, seconds=30.0, limit=limit)
+        settle.first, settle.started, settle.cap = (0.0, 2), 10.0, 30.0
+        return settle.room(10 * MiB, 112 * MiB, 12, now)
+
+    assert room(152 * MiB) and not room(152 * MiB - 1) and not room(None)
+    # 20 s on (at the same pace, 32 steps), 10 s of the cap are left: room for 20 MiB over the peak
+    settle = Settle(Path("settled.json"), measured=12, seconds=30.0, limit=132 * MiB)
+    settle.first, settle.started, settle.cap = (0.0, 2), 10.0, 30.0
+    assert settle.room(10 * MiB, 112 * MiB, 32, now=30.0) and not settle.room(10 * MiB, 113 * MiB, 32, 30.0)
+
+
+def test_a_verification_with_room_for_its_rise_ends_before_its_peak_settles(tmp_path: Path) -> None:
+    """A real trial of the synthetic script growing 1 MiB a step for its first 60 steps, as a verification
+    runs it: with a limit far above its peak it ends once it has run its measured steps, its rise over the
+    last 10 steps recorded for the answer to leave room for; with a limit just above its settled peak it
+    runs on until the peak settles (as without a limit: the first test)."""
+    settings = TrialSettings(
+        warmup_steps=2, measured_steps=15, settle_steps=VERIFY_SETTLE_STEPS, tight=0, warmup_max=2,
+        settle_limit=64 * 2**30,
+    )  # fmt: skip
+    spec = measure_spec(
+        [str(SYNTHETIC), *GROWING, "--grow-steps", "60"],
+        4,
+        device="cpu",
+        cache_dir=tmp_path,
+        settings=settings,
+    )
+    result = api.measure(spec, environ=DETERMINISTIC_CPU_ALLOCATOR)
+    assert result.outcome is Outcome.COMPLETE, result.error
+    assert result.settled is not None and result.settled.startswith(f"{ROOM} after "), result.settled
+    assert len(result.step_seconds) < 60 - 2  # ended while the peak still grew
+    # ~10 MiB: the sampled peaks of the last ten steps (a starved sampler moves either end: the cap test)
+    assert result.rising_bytes is not None and 5 * MiB <= result.rising_bytes <= 16 * MiB
+    near = dataclasses.replace(settings, settle_limit=result.peak_bytes + 20 * MiB)
+    tight, why, steps = peak(tmp_path, near, "--grow-steps", "60")
+    assert why is not None and why.startswith("settled after "), why
+    assert steps >= 60 + SETTLE_WINDOW - 17 and tight - result.peak_bytes >= 30 * MiB
