@@ -49,7 +49,10 @@ def test_noisy_steps_are_measured_longer_and_steady_ones_are_not(synthetic) -> N
     steady = synthetic(4, *common, measured_steps=5)
     assert steady.outcome is Outcome.COMPLETE
     replay(steady, 5)
-    assert len(steady.step_seconds) < len(noisy.step_seconds)
+    # steady steps read tight at five: no step more. A busy CI worker's load can spread them past 3% (CI read
+    # 0.051-0.057 s, the noise of those five over TIGHT, and measured on to 13 steps, as many as the noisy
+    # trial's): then they measure on like any noisy ones, as the replay checks step by step
+    assert len(steady.step_seconds) == 5 or noise(list(steady.step_seconds[:5]), 4) > TIGHT
     assert noisy.shifted is None and steady.shifted is None  # noise that stays is measured on
 
 
