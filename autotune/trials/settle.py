@@ -61,7 +61,8 @@ class Settle:
 
     def watch(self, steps: int, by_step: Mapping[int, int], elapsed: float) -> None:
         """At each poll (``elapsed``: seconds since the trial was launched): once the trial has run its
-        measured steps, write the end when the peak has settled or the time cap has passed."""
+        measured steps, write the end when the peak has settled, the limit has room for its rise (:meth:`room`)
+        or the time cap has passed."""
         if self.written or not steps:
             return
         now = time.monotonic()
