@@ -587,12 +587,14 @@ def _run_verification(
         trial.set_user_attr(key, value)
     search.store.set_lease_trial(lease.id, trial.number)
     search.cost.spend()
-    if settings.settle_steps:  # it need not wait for its peak to settle where the limit has room for its rise
-        settings = dataclasses.replace(settings, settle_limit=search.limit)
-    if settings.settle_steps and (left := search.cost.seconds_left()) != math.inf:
-        # its peak settles within half what the time limit leaves: start-up and measured steps take the rest
+    if settings.settle_steps:
+        # it need not wait for its peak to settle where the limit has room for its rise, and its peak settles
+        # within half what the time limit leaves: start-up and measured steps take the rest
+        left = search.cost.seconds_left()
         settings = dataclasses.replace(
-            settings, settle_seconds=min(settings.settle_seconds, max(left / 2, 1.0))
+            settings,
+            settle_limit=search.limit,
+            settle_seconds=min(settings.settle_seconds, max(left / 2, 1.0)),
         )
     if search.cost.trials is not None:  # the status line: this run's trial runs against --trials
         search.reporter.searching(search.cost.spent, search.cost.trials, None)

@@ -151,16 +151,14 @@ def test_the_limit_has_room_for_a_rise_that_goes_on_at_its_rate_until_the_cap() 
     time cap allows 30 s more: the limit must hold 30 more steps at that rate and the window's rise once
     more, 40 MiB over the peak. A byte less and it waits; without a limit (``measure``) it always waits."""
 
-    def room(limit: int | None, now: float = 10.0) -> bool:
+    def room(limit: int | None, peak: int = 112 * MiB, steps: int = 12, now: float = 10.0) -> bool:
         settle = Settle(Path("settled.json"), measured=12, seconds=30.0, limit=limit)
         settle.first, settle.started, settle.cap = (0.0, 2), 10.0, 30.0
-        return settle.room(10 * MiB, 112 * MiB, 12, now)
+        return settle.room(10 * MiB, peak, steps, now)
 
     assert room(152 * MiB) and not room(152 * MiB - 1) and not room(None)
     # 20 s on (at the same pace, 32 steps), 10 s of the cap are left: room for 20 MiB over the peak
-    settle = Settle(Path("settled.json"), measured=12, seconds=30.0, limit=132 * MiB)
-    settle.first, settle.started, settle.cap = (0.0, 2), 10.0, 30.0
-    assert settle.room(10 * MiB, 112 * MiB, 32, now=30.0) and not settle.room(10 * MiB, 113 * MiB, 32, 30.0)
+    assert room(132 * MiB, steps=32, now=30.0) and not room(132 * MiB, peak=113 * MiB, steps=32, now=30.0)
 
 
 def test_a_verification_with_room_for_its_rise_ends_before_its_peak_settles(tmp_path: Path) -> None:
