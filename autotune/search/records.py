@@ -64,6 +64,10 @@ class TrialKind(TextEnum):
 
 
 READINGS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)  # what reads a configuration
+# readings this close to the fastest's (or within its noise, if less) tie: the smaller peak wins
+# (autotune.search.verify.choose), and a candidate that could beat the incumbent by no more is not worth a
+# trial (autotune.search.propose.MIN_GAIN)
+TIE = 0.025
 # A warm process on the host reads a configuration up to this much over a process of its own, at the same
 # or a larger batch than those before it (autotune.trials.warm: 2-4%; never a smaller one)
 WARM_EXCESS = 0.04

@@ -40,6 +40,7 @@ from autotune.search.optuna_trials import fail_trial, records_of, tell_result
 from autotune.search.propose import Configuration, model_of, speed_of
 from autotune.search.records import (
     READINGS,
+    TIE,
     ProposedBy,
     TrialKind,
     TrialRecord,
@@ -54,7 +55,6 @@ from autotune.trials.result import TrialResult
 from autotune.trials.settings import TrialSettings
 
 MAX_VERIFICATIONS = 3  # leaders verified before the search gives up
-TIE = 0.025  # contenders this close to the fastest (or within its noise, if less) tie: the smaller peak wins
 MAX_SETTLING = 2  # longer runs of a contender whose peaks split evenly over the limit (one decides)
 MAX_CONTENDERS = 3  # the leader and at most two rivals are measured again
 ROUNDS = 2  # interleaved longer runs of each contender, at most

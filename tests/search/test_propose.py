@@ -104,8 +104,21 @@ def test_a_flat_throughput_curve_stops_the_search_at_once() -> None:
     stop = next_for(records, shares={"A:1": 0.5})
     assert isinstance(stop, Finished)
     assert stop.reason.startswith(
-        "no remaining configuration is predicted to beat none@32 (97.0 ±1% samples/s) by more than its noise"
+        "no remaining configuration is predicted to beat none@32 (97.0 ±1% samples/s) by more than its noise and 2.5%"
     )
+
+
+def test_a_plan_that_could_beat_the_incumbent_by_less_than_min_gain_is_not_measured() -> None:
+    """none@32 reads 97.0 ±1% on a saturating curve. A:1 repeating 10% of the forward could reach 98.4 at
+    its frontier (96): above the incumbent's interval (98.0) but 1.4% above its speed, a gain no reading
+    shows (MIN_GAIN, 2.5%), so the search stops. Repeating 2%, it could reach more than 2.5% above: measured."""
+    records = [*calibrated(), trial(2, 32, "none", 10, samples_per_sec=saturating(32))]
+    assert next_for(records, shares={"A:1": 0.1}) == Finished(
+        "no remaining configuration is predicted to beat none@32 (97.0 ±1% samples/s) by more than its noise "
+        "and 2.5%; 3 configurations left could change nothing (a fitting one is answered over each, whatever "
+        "it reads); the closest, A:1@96, could reach at most 98.4"
+    )
+    assert next_for(records, shares={"A:1": 0.02}) == Proposal(96, "A:1", "frontier", contenders=1)
 
 
 def test_without_a_forward_share_a_larger_batch_with_recompute_is_still_tried() -> None:
