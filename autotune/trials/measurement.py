@@ -224,7 +224,11 @@ def run_trial(
         ended=lambda: rank_failed(request.report_path),
         settle=(
             Settle(
-                Path(request.settled_path), request.total_steps, settings.settle_seconds, settings.settle_limit
+                Path(request.settled_path),
+                request.total_steps,
+                settings.settle_seconds,
+                settings.settle_limit,
+                Path(request.progress_path),
             )
             if settings.settle_steps
             else None

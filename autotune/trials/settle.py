@@ -21,8 +21,9 @@ and 2080 MiB of resident peak after 2, 4, 18 and 26 steps (glibc's heap stepping
 more steps could read it settled or still rising, and the answer is the same either way where the limit has
 room for the rise.
 
-The tuner then writes, at the request's ``settled_path``, the step at which the trial ends: a step every rank
-has yet to finish, so that no rank leaves a collective the others still wait in.
+The tuner then writes, at the request's ``settled_path``, the step at which the trial ends: the step a single
+process is in, or a step every rank has yet to finish, so that no rank leaves a collective the others still
+wait in.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.core.protocol import write_settled
+from autotune.core.protocol import rank_files, write_settled
 
 # steps over which the peak must not have grown: a verification measures at least 10, so a peak reached in
 # its first steps (the usual case: weights, optimizer state, the allocator's cache) costs no step more
@@ -41,7 +42,10 @@ SETTLE_WINDOW = 10
 SETTLE_TOLERANCE_BYTES = 2 * 2**20
 SETTLE_TOLERANCE_SHARE = 0.002
 SETTLE_MIN_SECONDS = 10.0  # the time cap of a short trial: enough for a few steps more of a quick script
-END_MARGIN = 2  # steps past the tuner's last reading at which every rank ends
+# steps past the tuner's last reading at which the trial ends: its ranks' slowest (core.protocol.read_progress)
+# may be a step behind the others, and none may leave a collective another still waits in; a single process
+# ends at the step it is in (2.3 s a step on issue 41's GPT-2 on the CPU)
+END_MARGIN = 2
 ROOM = "rising with room to spare"  # why a verification ended before its peak settled: Settle.room
 
 
@@ -54,6 +58,7 @@ class Settle:
     measured: int  # warm-up and measured steps: settling starts once the trial has finished these
     seconds: float
     limit: int | None = None  # the limit its peak is judged by (bytes): with room to rise, it need not wait
+    progress: Path | None = None  # the trial's progress file: where ranks write their own, END_MARGIN applies
     started: float | None = None  # when the trial finished its measured steps (monotonic)
     first: tuple[float, int] | None = None  # the first poll that saw a finished step: when, and the steps
     cap: float = 0.0  # seconds it may settle for: as long as it took to get there (see the module docstring)
@@ -91,7 +96,8 @@ class Settle:
         return peak + rise * (ahead / SETTLE_WINDOW + 1) <= self.limit
 
     def _write(self, steps: int, reason: str, rise: int | None) -> None:
-        write_settled(self.path, steps + END_MARGIN, reason, rise)
+        ranks = self.progress is not None and bool(rank_files(self.progress))
+        write_settled(self.path, steps + (END_MARGIN if ranks else 1), reason, rise)
         self.written = True
 
 

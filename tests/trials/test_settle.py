@@ -16,7 +16,7 @@ from optuna.distributions import CategoricalDistribution
 
 from autotune import api
 from autotune.cli import cli
-from autotune.core.protocol import Outcome
+from autotune.core.protocol import Outcome, read_settled
 from autotune.search.optuna_trials import CONSTRAINTS_ATTR, tell_result
 from autotune.search.records import TrialRecord, peak_verdict
 from autotune.search.spec import VERIFY_SETTLE_STEPS
@@ -159,6 +159,24 @@ def test_the_limit_has_room_for_a_rise_that_goes_on_at_its_rate_until_the_cap() 
     assert room(152 * MiB) and not room(152 * MiB - 1) and not room(None)
     # 20 s on (at the same pace, 32 steps), 10 s of the cap are left: room for 20 MiB over the peak
     assert room(132 * MiB, steps=32, now=30.0) and not room(132 * MiB, peak=113 * MiB, steps=32, now=30.0)
+
+
+def test_a_single_process_ends_at_the_step_it_is_in_and_ranks_one_later(tmp_path: Path) -> None:
+    """The tuner saw 12 steps finished and a settled peak: a single process, in its 13th, ends there (a step
+    of 2.3 s less on issue 41's GPT-2 than the ranks' margin); ranks, the slowest of which the tuner saw,
+    end at 14, a step none of them has finished (read_progress is their slowest's)."""
+    progress = tmp_path / "progress.json"
+    flat = {step: 100 * MiB for step in range(1, 13)}
+
+    def end() -> tuple[int, str] | None:
+        (tmp_path / "settled.json").unlink(missing_ok=True)
+        Settle(tmp_path / "settled.json", measured=12, seconds=30.0, progress=progress).watch(12, flat, 5.0)
+        return read_settled(str(tmp_path / "settled.json"))
+
+    assert end() == (13, "settled")
+    for rank in (0, 1):
+        (tmp_path / f"progress.rank-{rank}.json").write_text("{}")
+    assert end() == (14, "settled")
 
 
 def test_a_verification_with_room_for_its_rise_ends_before_its_peak_settles(tmp_path: Path) -> None:
