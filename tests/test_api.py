@@ -3,6 +3,7 @@ autotune.tune / best / studies / show / submit / measure / probe / doctor, and t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from autotune.core.errors import InputError, NoFitError
 from autotune.core.protocol import Outcome
 from autotune.search.records import TrialKind
 from autotune.storage import JobState
+from autotune.trials.settings import TrialSettings
 
 from conftest import SYNTHETIC, MiB, in_a_fresh_interpreter
 
@@ -131,6 +133,45 @@ def test_probe_reports_the_repeated_modules(tmp_path: Path) -> None:
     assert result.outcome is Outcome.COMPLETE
     assert result.probe is not None and result.probe.batch_size == 8
     assert [(c.cls, c.count, c.outermost) for c in result.probe.candidates] == [("Block", 3, True)]
+
+
+TINY = (
+    "import torch\n"
+    "class Block(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.a, self.b = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)\n"
+    "    def forward(self, x):\n"
+    "        return x + self.b(torch.nn.functional.gelu(self.a(x)))\n"
+    "model = torch.nn.Sequential(Block(), Block(), Block())\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
+    "while True:\n"
+    "    model(torch.randn(8, 16)).pow(2).mean().backward()\n"
+    "    opt.step()\n"
+    "    opt.zero_grad()\n"
+)
+
+
+def test_a_run_s_probe_ends_once_its_probe_is_done(tmp_path: Path) -> None:
+    """A probe's steps are no reading (issue 41: five measured steps after its checks, 2.5 s of the GPT-2's
+    12 s probe on the CPU): with a run's two warm-up and five measured steps asked, the probe, attached in
+    step 1's forward, records step 3's, times step 4's and checks the plans after it, and the trial ends."""
+    from autotune.trials.measurement import measure
+
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    spec = autotune.measure_spec([str(script)], 8, device="cpu", cache_dir=tmp_path,
+                                 settings=TrialSettings(warmup_steps=2, measured_steps=5))  # fmt: skip
+    result = measure(spec, dict(os.environ), probe=True)
+    assert result.outcome is Outcome.COMPLETE and result.probe is not None
+    assert len(result.step_seconds) == 2 and result.probe.forward_seconds > 0
+    assert [c.plan for c in result.probe.checks if c.ok] == ["Block:1", "Block:1/save=matmul"]
+    # a script whose model first runs after four optimizer steps that saw no forward: the probe waits for it
+    late = TINY.replace("while True:", "for _ in range(4):\n    opt.step()\nwhile True:", 1)
+    script.write_text(late)
+    result = measure(spec, dict(os.environ), probe=True)
+    assert result.outcome is Outcome.COMPLETE and result.probe is not None
+    assert [c.plan for c in result.probe.checks if c.ok] == ["Block:1", "Block:1/save=matmul"]
 
 
 def test_doctor_says_whether_torch_works_here() -> None:

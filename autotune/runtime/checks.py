@@ -4,11 +4,16 @@ that were asked for (PhaseNotRun). Each fails the trial with a message that says
 
 from __future__ import annotations
 
+import sys
+
+from autotune.core.plans import Backend
 from autotune.runtime.inputs import Seen, batch_ignored_message
 from autotune.runtime.state import TrialState
 
 PHASE_PATIENCE = 8  # training steps past the measured ones a script may take before a phase asked runs
-PROBE_PATIENCE = 4  # training steps past the measured ones a probe trial takes to finish its probe
+# training steps past the measured ones a probe trial takes to finish its probe: with its one measured step
+# (trials.measurement.PROBE_MEASURED_STEPS), as many in all as the five measured steps and 4 once allowed
+PROBE_PATIENCE = 8
 HOW_TO_RUN = {
     "eval": (
         "evaluate",
@@ -72,10 +77,12 @@ def check_accumulation(trial: TrialState, samples: int | None, micro: int | None
 def probe_pending(trial: TrialState) -> bool:
     """Whether a probe trial measures on because its probe has not timed a forward and checked the plans
     yet (it attaches to the model when the script first shows it, which can be after the first forwards:
-    a loaded machine's probe trial once ended first, and offered every plan unchecked); for at most
-    PROBE_PATIENCE steps past the measured ones. A probe that did not finish by then offers no plan it did
-    not check (autotune.backends.torch_probe)."""
+    a loaded machine's probe trial once ended first, and offered every plan unchecked), or because a script
+    that imported torch has shown no model yet; for at most PROBE_PATIENCE steps past the measured ones. A
+    probe that did not finish by then offers no plan it did not check (autotune.backends.torch_probe)."""
     probe = trial.probe
-    if probe is None or not getattr(probe, "pending", False):
-        return False
-    return trial.steps < trial.warmup_steps + trial.request.measured_steps + PROBE_PATIENCE
+    if probe is None:
+        waiting = trial.request.probe and trial.request.backend is Backend.TORCH and "torch" in sys.modules
+    else:
+        waiting = bool(getattr(probe, "pending", False))
+    return waiting and trial.steps < trial.warmup_steps + trial.request.measured_steps + PROBE_PATIENCE
