@@ -112,29 +112,6 @@ def test_measure_resolves_its_budget_before_the_trial(tmp_path: Path) -> None:
         )
 
 
-def test_probe_reports_the_repeated_modules(tmp_path: Path) -> None:
-    script = tmp_path / "tiny.py"
-    script.write_text(
-        "import torch\n"
-        "class Block(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.a, self.b = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)\n"
-        "    def forward(self, x):\n"
-        "        return x + self.b(torch.nn.functional.gelu(self.a(x)))\n"
-        "model = torch.nn.Sequential(Block(), Block(), Block())\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "while True:\n"
-        "    model(torch.randn(8, 16)).sum().backward()\n"
-        "    opt.step()\n"
-        "    opt.zero_grad()\n"
-    )
-    result = autotune.probe([str(script)], batch_size=8, device="cpu", cache_dir=tmp_path)
-    assert result.outcome is Outcome.COMPLETE
-    assert result.probe is not None and result.probe.batch_size == 8
-    assert [(c.cls, c.count, c.outermost) for c in result.probe.candidates] == [("Block", 3, True)]
-
-
 TINY = (
     "import torch\n"
     "class Block(torch.nn.Module):\n"
@@ -150,6 +127,15 @@ TINY = (
     "    opt.step()\n"
     "    opt.zero_grad()\n"
 )
+
+
+def test_probe_reports_the_repeated_modules(tmp_path: Path) -> None:
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    result = autotune.probe([str(script)], batch_size=8, device="cpu", cache_dir=tmp_path)
+    assert result.outcome is Outcome.COMPLETE
+    assert result.probe is not None and result.probe.batch_size == 8
+    assert [(c.cls, c.count, c.outermost) for c in result.probe.candidates] == [("Block", 3, True)]
 
 
 def test_a_run_s_probe_ends_once_its_probe_is_done(tmp_path: Path) -> None:
