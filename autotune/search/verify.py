@@ -485,9 +485,20 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     process of its own beside a rival's one search reading is no comparison, and nothing but the model's
     structure orders them (issue 41: bench/time_to_answer.py's GPT-2 verified none@7 at 2.69 samples/s
     against 3.01 in the search, the time limit left no round, and none@4's one reading, 2.85, tied the
-    two's median: none@4 was answered, 0.89x the peer's speed where none@7 ran 1.04x)."""
-    if _loaded(records, contenders) or not side_by_side(records, contenders):
+    two's median: none@4 was answered, 0.89x the peer's speed where none@7 ran 1.04x).
+
+    Where both hold (a busy machine took readings not taken side by side), the readings order nothing:
+    the first of ``contenders`` that no other dominates is chosen, the leader (callers give it first: the
+    configuration the search found, whose verification read its peak), or what dominates it. Issue 42:
+    beside four bursting neighbours, examples/gpt.py's run spent its --trials on plans at batch 48 and
+    verified none@32 at 29.4 against its search's 93.6; with no run left for a round, the one busy reading
+    of CausalSelfAttention:1@48 (67.9) beat none@32's median and was answered, at 0.72 of none@32's quiet
+    speed (Block:0.5@48 in another run, 0.71)."""
+    apart = not side_by_side(records, contenders)
+    if apart or _loaded(records, contenders):
         contenders = [c for c in contenders if not any(dominates(o, c) for o in contenders)]
+        if apart and _loaded(records, contenders):
+            return contenders[0]
     readings = _readings(records)
     peaks = {
         c: statistics.median(

@@ -149,6 +149,15 @@ def _reading(number: int, batch: int, plan: str, speed: float, kind: TrialKind =
     )  # fmt: skip
 
 
+def _under(pressure: float, record):
+    """``record`` as read with the machine ``pressure`` busy (a 5 s window on 2 cores)."""
+    import dataclasses
+
+    from autotune.hardware.load import Load
+
+    return dataclasses.replace(record, load=Load(pressure, None, 5.0, 2))
+
+
 def test_the_demo_s_readings_put_batch_32_beside_its_disproved_leader() -> None:
     """The demo of issue 42 as its table read: none@4 at 103.1 in a quiet gap, verified at 10.1; none@1 at
     40.6 (another gap); none@32 twice at 22.8 and 24.0; Block:0.25@32 at 20.5. The old rule compared
@@ -218,6 +227,30 @@ def test_contenders_not_read_side_by_side_are_ordered_by_the_model_s_structure_n
     ]
     assert side_by_side(rounds, contenders)
     assert choose(rounds, contenders, 8 * 2**20) == (4, "none")
+
+
+def test_busy_readings_not_taken_side_by_side_keep_the_leader() -> None:
+    """Issue 42's heavy demo (four bursting neighbours, --trials 10): the search read none@32 at 93.6, then
+    plans at batch 48, CausalSelfAttention:1@48 at 67.9, and spent its runs; none@32's verification read
+    29.4, and with no run left for a round the rival's one busy reading beat none@32's median (61.5): it was
+    answered at 0.72 of none@32's quiet speed. Busy readings taken apart order nothing: the leader stays. On
+    a quiet machine the same readings (not side by side) decide as before."""
+
+    from autotune.search.verify import choose, side_by_side
+
+    busy = [
+        _under(0.03, _reading(0, 1, "none", 41.9)),
+        _under(0.92, _reading(1, 4, "none", 17.3)),
+        _under(0.69, _reading(2, 32, "none", 93.6)),
+        _under(0.81, _reading(3, 48, "Block:0.75", 31.4)),
+        _under(0.68, _reading(4, 48, "CausalSelfAttention:1", 67.9)),
+        _under(0.76, _reading(5, 32, "none", 29.4, TrialKind.VERIFICATION)),
+    ]
+    contenders = [(32, "none"), (48, "CausalSelfAttention:1"), (48, "Block:0.75")]
+    assert not side_by_side(busy, contenders)
+    assert choose(busy, contenders, 8 * 2**20) == (32, "none")
+    calm = [_under(0.0, r) for r in busy]
+    assert choose(calm, contenders, 8 * 2**20) == (48, "CausalSelfAttention:1")
 
 
 def test_two_quiet_readings_as_far_apart_as_this_machine_s_runs_agree() -> None:
@@ -310,24 +343,19 @@ def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side
     side by side, and was answered at 0.72 of none@384's quiet speed. Where a busy machine took the
     contenders' readings, a contender another one dominates (its plan at a larger batch, ``none`` at its
     batch) is not chosen; on a quiet machine the readings decide as before."""
-    import dataclasses
 
-    from autotune.hardware.load import Load
     from autotune.search.verify import choose
 
-    def under(pressure: float, record):
-        return dataclasses.replace(record, load=Load(pressure, None, 5.0, 2))
-
-    quiet = under(0.0, _reading(0, 1, "none", 20.0))
+    quiet = _under(0.0, _reading(0, 1, "none", 20.0))
     loaded = [
         quiet,
-        under(0.6, _reading(1, 128, "none", 300.0, TrialKind.VERIFICATION)),
-        under(0.7, _reading(2, 384, "none", 200.0, TrialKind.VERIFICATION)),
-        under(0.6, _reading(3, 384, "R:0.5", 260.0, TrialKind.VERIFICATION)),
+        _under(0.6, _reading(1, 128, "none", 300.0, TrialKind.VERIFICATION)),
+        _under(0.7, _reading(2, 384, "none", 200.0, TrialKind.VERIFICATION)),
+        _under(0.6, _reading(3, 384, "R:0.5", 260.0, TrialKind.VERIFICATION)),
     ]  # side by side: the verification's round
     assert choose(loaded, [(128, "none"), (384, "none")], 0.0) == (384, "none")
     assert choose(loaded, [(384, "R:0.5"), (384, "none")], 0.0) == (384, "none")
-    calm = [under(0.0, r) for r in loaded]
+    calm = [_under(0.0, r) for r in loaded]
     assert choose(calm, [(128, "none"), (384, "none")], 0.0) == (128, "none")
     assert choose(calm, [(384, "R:0.5"), (384, "none")], 0.0) == (384, "R:0.5")
 
@@ -387,13 +415,13 @@ def test_pressure_a_trial_s_own_processes_make_is_no_busy_machine() -> None:
     from autotune.hardware.load import Load
     from autotune.search.noise import certainty, disturbed
 
-    def under(number: int, pressure: float, others: float | None):
+    def reading_under(number: int, pressure: float, others: float | None):
         return dataclasses.replace(
             _reading(number, 4 * (number + 1), "none", 50.0), load=Load(pressure, None, 1.0, 2, others=others)
         )
 
-    own = [under(0, 0.02, 0.01), under(1, 0.12, 0.01), under(2, 0.14, 0.02)]
+    own = [reading_under(0, 0.02, 0.01), reading_under(1, 0.12, 0.01), reading_under(2, 0.14, 0.02)]
     assert disturbed(own) == set()
     assert certainty(own, (4, "none")) is None
-    neighbour = [under(0, 0.02, 0.01), under(1, 0.12, 0.60), under(2, 0.14, None)]
+    neighbour = [reading_under(0, 0.02, 0.01), reading_under(1, 0.12, 0.60), reading_under(2, 0.14, None)]
     assert disturbed(neighbour) == {1, 2}
