@@ -232,8 +232,19 @@ def _decided(records: list[TrialRecord], contenders: list[Configuration], latest
     readings (within TIE: :func:`choose` then decides on peaks and the model's structure, which a reading
     more does not move) or lies below it beyond both intervals. The second round is for a load that comes
     and goes; on a quiet machine the first decides (issue 41: verification took 35 of a quiet demo's 56 s,
-    two rounds of three contenders)."""
+    two rounds of three contenders).
+
+    A disturbed round decides where one contender dominates every other by the throughput model's
+    structure (:func:`dominates`): under load :func:`choose` drops the dominated and the readings order
+    nothing else, so a round more buys nothing (issue 42's heavy demo measured none@32 five times for
+    --trials 10, with none@24 and Block:0.25@32 beside it)."""
     if noise.disturbed(records) & latest:
+        top = [c for c in contenders if not any(dominates(o, c) for o in contenders)]
+        if len(contenders) > 1 and len(top) == 1:
+            return (
+                f"the machine was busy, and {_name(top[0])} dominates every other contender by the "
+                "throughput model's structure (readings taken busy order nothing else)"
+            )
         return None
     if len(contenders) < 2:  # its own readings disagreed: a third, undisturbed, makes their median
         return "its reading was not disturbed, and one contender is left"

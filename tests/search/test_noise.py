@@ -396,12 +396,15 @@ def test_a_round_of_side_by_side_readings_decides_unless_it_was_disturbed_or_lef
 
     quiet = [dataclasses.replace(r, load=Load(0.0, None, 5.0, 2)) for r in apart]
     assert _decided(quiet, contenders, {2, 3}) is not None
+    # none@32 dominates none@16 (throughput does not fall with the batch): under load the readings order
+    # nothing else, and a disturbed round decides; A:1@32 does not dominate none@16, and it takes another
+    busy_round = [*quiet[:3], busy(quiet[3])]
+    assert "none@32 dominates every other contender" in (_decided(busy_round, contenders, {2, 3}) or "")
+    planned = [dataclasses.replace(r, plan="A:1") if r.batch_size == 32 else r for r in busy_round]
+    assert _decided(planned, [Configuration(16, "none"), Configuration(32, "A:1")], {2, 3}) is None
     assert (
-        _decided([*quiet[:3], busy(quiet[3])], contenders, {2, 3}) is None
-    )  # a disturbed reading of the round
-    assert (
-        _decided([*quiet[:3], busy(quiet[3])], contenders, {2}) is not None
-    )  # ... of an earlier round: decided
+        _decided(planned, [Configuration(16, "none"), Configuration(32, "A:1")], {2}) is not None
+    )  # ... a disturbed reading of an earlier round: decided
     assert _decided(apart[:1] + apart[2:3], contenders[:1], {2}) is not None  # one contender: a third reading
 
 
