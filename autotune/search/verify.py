@@ -239,7 +239,7 @@ def _decided(records: list[TrialRecord], contenders: list[Configuration], latest
     nothing else, so a round more buys nothing (issue 42's heavy demo measured none@32 five times for
     --trials 10, with none@24 and Block:0.25@32 beside it)."""
     if noise.disturbed(records) & latest:
-        top = [c for c in contenders if not any(dominates(o, c) for o in contenders)]
+        top = _undominated(contenders)
         if len(contenders) > 1 and len(top) == 1:
             return (
                 f"the machine was busy, and {_name(top[0])} dominates every other contender by the "
@@ -455,6 +455,11 @@ def _loaded(records: list[TrialRecord], configs: list[Configuration]) -> bool:
     return not noise.read_busy(records).isdisjoint(configs)
 
 
+def _undominated(configs: list[Configuration]) -> list[Configuration]:
+    """``configs`` less those another of them dominates by the throughput model's structure, in order."""
+    return [c for c in configs if not any(dominates(o, c) for o in configs)]
+
+
 def dominating(
     leader: Configuration, fitting: list[Configuration], records: list[TrialRecord]
 ) -> list[Configuration]:
@@ -469,7 +474,7 @@ def dominating(
     above = [c for c in fitting if dominates(c, leader)]
     if not _loaded(records, [leader, *above]):
         return []
-    return [c for c in above if not any(dominates(o, c) for o in above)][: MAX_CONTENDERS - 1]
+    return _undominated(above)[: MAX_CONTENDERS - 1]
 
 
 def choose(records: list[TrialRecord], contenders: list[Configuration], memory_noise: float) -> Configuration:
@@ -507,7 +512,7 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     speed (Block:0.5@48 in another run, 0.71)."""
     apart = not side_by_side(records, contenders)
     if apart or _loaded(records, contenders):
-        contenders = [c for c in contenders if not any(dominates(o, c) for o in contenders)]
+        contenders = _undominated(contenders)
         if apart and _loaded(records, contenders):
             return contenders[0]
     readings = _readings(records)
