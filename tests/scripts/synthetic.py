@@ -243,11 +243,14 @@ def main() -> None:
                 time.sleep(1)
         pids.append(grandchild)
     if args.worker_mib:
+        ready, told = os.pipe()
         child = os.fork()
         if child == 0:
             held = touched(args.worker_mib)
+            os.write(told, b"1")
             while True:
                 time.sleep(1)
+        os.read(ready, 1)  # training starts with the worker resident: a busy machine can run it late
         pids.append(child)
     if args.pid_file:
         time.sleep(0.05)

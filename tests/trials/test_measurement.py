@@ -61,7 +61,7 @@ def test_a_process_tree_is_summed_and_labelled(synthetic) -> None:
     baseline = synthetic(1).peak_bytes
     result = synthetic(1, "--base-mib", "100", "--worker-mib", "200", "--step-seconds", "0.1")
     assert result.memory_method == "rss-tree"
-    # the worker's own 200 MiB, and the 100 MiB it inherited from the trial (shared, untouched) once
+    # the trial's own 100 MiB (touched after the fork) and the worker's 200 MiB, resident before the first step
     assert abs(result.peak_bytes - baseline - 300 * MiB) <= 20 * MiB
 
 
