@@ -6,13 +6,17 @@ Each round, in turn: the peer without checkpointing and with it, each under an a
 ``ulimit -v`` sets: torch's CPU allocator then raises the error Accelerate halves on); ``autotune run`` given
 the memory the peer-with-checkpointing's answer used (its peak as ``autotune measure`` reads it, in this
 round), warm (the default) and, with ``--cold``, ``--no-warm``; autotune's finder in the script's own
-process at the same budget (``@autotune.find_batch_size``, issue 44); then every answer measured again by
-``autotune measure``, interleaved (resident peak, median samples/s of 10 steps). It prints each side's wall
-seconds, each answer's samples/s and peak, and autotune's ratios to the peer with checkpointing, with their
-spread over the rounds. Goal (issue 41): autotune's wall <= the peer-with-checkpointing's, its answer >= 1.0x
+process at the same budget (``@autotune.find_batch_size``, issue 44); then every distinct answer measured
+again by ``autotune measure``, ``--repeats`` times, interleaved (A B C A B C; sides that answered the same
+configuration share its readings): each answer's samples/s and resident peak are the medians of its readings
+(median samples/s of 10 steps each). One reading each once read the same none@7 at 1.74 for one side and
+3.23 for another in one round. It prints each side's wall seconds (autotune's split into its trials'
+start-up, their measured steps and the rest: warm-up steps, the tuner, verification's settling), each
+answer's samples/s and peak, and autotune's ratios to the peer with checkpointing, with their spread over
+the rounds. Goal (issue 41): autotune's wall <= the peer-with-checkpointing's, its answer >= 1.0x
 that peer's samples/s at no more measured memory.
 
-    python bench/time_to_answer.py [--rounds 2] [--cap-gib 3] [--cold] [--out bench/results/time-to-answer-cpu.md]
+    python bench/time_to_answer.py [--rounds 2] [--repeats 3] [--cap-gib 3] [--cold] [--out bench/results/time-to-answer-cpu.md]
 """
 
 from __future__ import annotations
@@ -98,6 +102,17 @@ def finder(budget: int) -> dict:
     return {**json.loads(lines[-1]), "wall": wall}
 
 
+def median_reading(readings: list[dict]) -> dict:
+    """The median samples/s and peak of an answer's readings (those that read one), and how many."""
+    speeds = [x["speed"] for x in readings if x.get("speed")]
+    peaks = [x["peak"] for x in readings if x.get("peak")]
+    return {
+        "speed": statistics.median(speeds) if speeds else None,
+        "peak": statistics.median(peaks) if peaks else None,
+        "readings": speeds,
+    }
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "-"
@@ -113,6 +128,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cap-gib", type=float, default=3.0, help="the peers' address-space cap (ulimit -v)")
     parser.add_argument("--cold", action="store_true", help="also autotune run --no-warm")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved readings of each answer")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     cap = int(args.cap_gib * 2**30)
@@ -121,7 +137,7 @@ def main() -> None:
         f"\n{platform.node()}: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; "
         f"`{shlex.join(['python', *sys.argv])}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"\nModel: {' '.join(MODEL)}; peers under an address-space cap of {args.cap_gib} GiB.\n",
-        "| round | side | answer | wall s | tries / processes | samples/s | peak MiB |",
+        "| round | side | answer | wall s | tries / processes | samples/s (median, range) | peak MiB |",
         "|---|---|---|---|---|---|---|",
     ]
     ratios: dict[str, list[float]] = {}
@@ -150,9 +166,12 @@ def main() -> None:
                 for name, side in sides.items()
             },
         }
-        readings = {}
-        for name, (batch, plan, flag, _) in answers.items():  # interleaved, each answer once, in turn
-            readings[name] = measure(batch, plan, flag) if batch else {}
+        distinct = list(dict.fromkeys((b, p, f) for b, p, f, _ in answers.values() if b))
+        taken: dict[tuple, list[dict]] = {config: [] for config in distinct}
+        for _ in range(args.repeats):  # interleaved: A B C A B C, so a load that comes and goes falls on all
+            for config in distinct:
+                taken[config].append(measure(*config))
+        readings = {name: median_reading(taken.get((b, p, f), [])) for name, (b, p, f, _) in answers.items()}
         for name, (batch, plan, flag, side) in answers.items():
             reading = readings[name]
             tries = side.get("tries") or (
@@ -163,17 +182,19 @@ def main() -> None:
                 if batch
                 else f"failed: {side.get('error')}"
             )
-            speed, peak = reading.get("speed"), reading.get("peak")
+            speed, peak, each = reading.get("speed"), reading.get("peak"), reading.get("readings") or []
+            shown = f"{speed or 0:.2f}" + (f" ({min(each):.2f}-{max(each):.2f})" if len(each) > 1 else "")
             lines.append(f"| {r} | {name} | {answer} | {side.get('wall', 0):.0f} | {tries} | "
-                         f"{speed or 0:.2f} | {(peak or 0) / MiB:.0f} |")  # fmt: skip
+                         f"{shown} | {(peak or 0) / MiB:.0f} |")  # fmt: skip
             walls.setdefault(name, []).append(side.get("wall", 0))
             base = readings["peer+ckpt"].get("speed")
             if speed and base and name != "peer+ckpt":
                 ratios.setdefault(name, []).append(speed / base)
         if "autotune" in sides and "starting" in sides["autotune"]:
             a = sides["autotune"]
-            lines.append(f"| {r} | (autotune's trials) | {a['starting']:.1f} s starting, {a['measuring']:.1f} s measuring "
-                         f"| | | | budget {budget // MiB} MiB |")  # fmt: skip
+            rest = a["wall"] - a["starting"] - a["measuring"]
+            lines.append(f"| {r} | (autotune's trials) | {a['starting']:.1f} s starting, {a['measuring']:.1f} s measuring, "
+                         f"{rest:.1f} s the rest | | | | budget {budget // MiB} MiB |")  # fmt: skip
         if args.out is not None:
             args.out.write_text("\n".join(lines) + "\n")
     lines.append("\nsamples/s over the peer with checkpointing's (median, range over the rounds):")
