@@ -103,7 +103,7 @@ def finder(budget: int) -> dict:
 
 
 def median_reading(readings: list[dict]) -> dict:
-    """The median samples/s and peak of an answer's readings (those that read one), and how many."""
+    """The median samples/s and peak of an answer's readings (of those that read one), and its samples/s readings."""
     speeds = [x["speed"] for x in readings if x.get("speed")]
     peaks = [x["peak"] for x in readings if x.get("peak")]
     return {
