@@ -253,6 +253,44 @@ def test_busy_readings_not_taken_side_by_side_keep_the_leader() -> None:
     assert choose(calm, contenders, 8 * 2**20) == (48, "CausalSelfAttention:1")
 
 
+def test_a_leader_that_fitting_configurations_dominate_under_load_is_measured_only_if_none_of_them_fits() -> (
+    None
+):
+    """Issue 42's heavy runs of examples/gpt.py: the search's leader none@24 (read in a quiet gap) is dominated
+    by none@32, which fits and was read busy. choose() never answers a configuration another contender
+    dominates once a busy machine took their readings, so the verification measures none@32 in the
+    leader's place, with the rivals it does not dominate (A:1@48, a larger batch), not those it does
+    (Block:0.25@32: more recompute at its batch); the leader is verified only if none@32 does not fit
+    (verify._verify_lease). A disturbed round of that one contender decides: it is the answer where it fits,
+    whatever it reads. Without a dominating configuration the leader comes first, as before."""
+    from autotune.search.propose import Configuration
+    from autotune.search.verify import _decided, choose, dominating, in_place
+
+    leader, above = Configuration(24, "none"), Configuration(32, "none")
+    plan_rival, larger = Configuration(32, "Block:0.25"), Configuration(48, "A:1")
+    readings = [
+        _under(0.02, _reading(0, 24, "none", 95.0)),
+        _under(0.70, _reading(1, 32, "none", 60.0)),
+        _under(0.70, _reading(2, 32, "Block:0.25", 58.0)),
+        _under(0.70, _reading(3, 48, "A:1", 70.0)),
+    ]
+    stronger = dominating(leader, [leader, above, plan_rival, larger], readings)
+    assert stronger == [above]
+    assert in_place(leader, stronger, [plan_rival, larger]) == [above, larger]
+    assert in_place(leader, [], [plan_rival, larger]) == [leader, plan_rival, larger]
+    # what the leader's measurement could have bought: nothing, whatever it reads beside none@32
+    v = TrialKind.VERIFICATION
+    beside = [
+        *readings,
+        _under(0.70, _reading(4, 24, "none", 99.0, v)),
+        _under(0.70, _reading(5, 32, "none", 50.0, v)),
+    ]
+    assert choose(beside, [leader, above], 8 * 2**20) == above
+    alone = [*readings, _under(0.70, _reading(4, 32, "none", 50.0, v))]
+    assert "none@32 dominates the leader" in (_decided(alone, [above], {4}, True) or "")
+    assert _decided(alone, [above], {4}) is None  # a leader measured again alone: another reading
+
+
 def test_two_quiet_readings_as_far_apart_as_this_machine_s_runs_agree() -> None:
     """Issue 43 item 4: six quiet readings of bench/time_to_answer.py's GPT-2 none@7 on the 2-core CPU took
     2.16-2.47 s a step; the search's 3.01 samples/s and the verification's 2.69 (11% apart, each interval
