@@ -27,7 +27,8 @@ slower than a plan that recomputes), the slower side, read once, is *out of orde
 the search concludes anything from it (:func:`out_of_order`). But a smaller batch whose step read longer
 than a larger batch of its plan that fits can never be the answer, whatever another reading would say: it is
 *slowed*, left out of the throughput model, and neither it nor its disagreeing readings are measured again
-(:func:`slowed`).
+(:func:`slowed`). Nor is a configuration over the limit by its peaks whose readings disagree (:func:`unanswerable`):
+it can never be the answer either, and its speed only shapes the line other configurations are valued on.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval, pooled
-from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord
+from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord, peak_verdict
 from autotune.search.throughput_model import plan_recomputes_at_least
 
 LOADED = 0.05  # CPU pressure (a share of the trial's time) above the quietest trial's: a disturbed reading
@@ -189,6 +190,21 @@ def slowed(
             for other in fits
             if other in speeds
         )
+    )
+
+
+def unanswerable(records: list[TrialRecord], limit: int) -> frozenset[Configuration]:
+    """The configurations over ``limit`` by the majority of their peaks (records.peak_verdict) whose speed
+    readings disagree: left out of the throughput model, like :func:`slowed`, and not measured again. Such a
+    configuration is never the answer; a reading of it only bends the line the others are valued on, and
+    a run spent settling it is one not spent on a configuration that fits. Issue 42's bench, beside four
+    bursting neighbours: examples/mlp.py's none@512 read 1023 samples/s warm and 272 in a process of its
+    own, both over the 634.2 MiB limit; a third reading (551, ±50%) took the run's last search trial, and
+    the run answered none@128 at 0.65 of none@384's quiet speed, which it never measured."""
+    return frozenset(
+        config
+        for config in {r.config for r in records if r.config is not None}
+        if peak_verdict(records, config, limit) is False and disagree(_intervals(readings(records, config)))
     )
 
 

@@ -13,7 +13,8 @@ or the budget is hopeless. No Optuna, no database.
   breaks (a longer step at a smaller batch of one plan, none slower than a recompute plan): load only
   slows, so the slower reading is the suspect (not in an exhaustive search, which extrapolates nothing).
   A smaller batch slower than a larger batch of its plan that fits is left out of the throughput model
-  instead, and not measured again: it can never be the answer (autotune.search.noise.slowed).
+  instead, and not measured again: it can never be the answer (autotune.search.noise.slowed); so is a
+  configuration over the limit whose readings disagree (noise.unanswerable).
 - *Candidates*: every configuration not measured yet whose batch size the memory model says fits its plan
   (autotune.search.memory_model) and that is not moot (:meth:`_Valuation.moot`: a configuration that
   fits is answered over it whatever it reads: the same batch size with a plan that recomputes less, where
@@ -53,6 +54,7 @@ from autotune.search.noise import (
     overruled,
     read_busy,
     slowed,
+    unanswerable,
     unsettled,
 )
 from autotune.search.records import (
@@ -137,8 +139,8 @@ def speed_of(
     """The throughput model fitted to every completed reading, fitting or not (a configuration over the
     budget still says how fast its batch size runs), but those its side-by-side verifications overrule
     (autotune.search.noise.overruled) and, given the ``limit``, those of a configuration a busy machine
-    slowed below a larger batch of its plan that fits (autotune.search.noise.slowed: the model's
-    ``slowed``)."""
+    slowed below a larger batch of its plan that fits (autotune.search.noise.slowed) and those of a
+    configuration over the limit whose readings disagree (noise.unanswerable): the model's ``slowed``."""
     records = list(records)
     out = overruled(records)
     found = [
@@ -155,7 +157,7 @@ def speed_of(
     if limit is None:
         return model
     fitting = {r.config for r in records if r.config is not None and r.fits(limit)}
-    left_out = slowed(model.pooled, fitting)
+    left_out = slowed(model.pooled, fitting) | unanswerable(records, limit)
     if not left_out:
         return model
     kept = [r for r in found if Configuration(r.batch_size, r.plan) not in left_out]

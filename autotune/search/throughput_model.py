@@ -93,7 +93,8 @@ class ThroughputModel:
         default_factory=dict
     )  # each configuration, all its readings
     between: float = NOISE_FLOOR  # relative spread of one configuration's readings between trials
-    # configurations left out of the fit: a busy machine slowed their readings (autotune.search.noise.slowed)
+    # configurations left out of the fit: a busy machine slowed their readings (autotune.search.noise.slowed),
+    # or they are over the limit and their readings disagree (noise.unanswerable)
     slowed: frozenset[Configuration] = frozenset()
 
     @classmethod

@@ -22,7 +22,7 @@ from autotune.cli import cli
 from autotune.core.protocol import Outcome
 from autotune.hardware.load import Load
 from autotune.search.memory_model import MemoryModel, Observation, memory_noise
-from autotune.search.noise import certainty, out_of_order, overruled
+from autotune.search.noise import certainty, contradicted, out_of_order, overruled, unanswerable
 from autotune.search.optuna_trials import records_of
 from autotune.search.propose import Finished, Proposal, model_of, propose, speed_of
 from autotune.search.records import (
@@ -34,7 +34,7 @@ from autotune.search.records import (
     best_record,
     peak_verdict,
 )
-from autotune.search.space import SearchSpace
+from autotune.search.space import SearchSpace, parse_batch_sizes
 from autotune.search.verify import choose, dominating, unverified
 
 from conftest import SYNTHETIC, MiB
@@ -644,6 +644,49 @@ def test_a_larger_batch_of_the_incumbent_s_plan_is_measured_whatever_a_curve_fit
     proposal = next_for(records)
     assert isinstance(proposal, Proposal), proposal
     assert (proposal.batch_size, proposal.plan, proposal.why) == (32, "none", ProposedBy.FRONTIER)
+
+
+def test_a_configuration_over_the_limit_whose_readings_disagree_is_not_measured_again() -> None:
+    """Issue 42's bench beside four bursting neighbours, examples/mlp.py at 700 MB (limit 634.2 MiB), the trial
+    table as read: none@512 read 1023 samples/s in the warm process (653 MiB) and 272 in a process of its own
+    (644 MiB), both over the limit. Their readings disagree, and the search measured none@512 a third time
+    (551, ±50%) with the run's last search trial, then answered none@128 at 0.65 of none@384's quiet
+    speed. A configuration over the limit is never the answer: it is left out of the throughput model
+    (noise.unanswerable) and not measured again; the search measures a batch that fits (the frontier,
+    256) instead."""
+    limit = int(634.2 * MiB)
+
+    def trial(number, batch, peak_mib, speeds, pressure, warm_run, why):
+        return TrialRecord(
+            number, "COMPLETE", TrialKind.MEASURED, batch, "none", Outcome.COMPLETE, int(peak_mib * MiB),
+            speeds[0], samples_per_sec_low=speeds[1], samples_per_sec_high=speeds[2], memory_method="rss",
+            load=Load(pressure, 0.0, 3.0, 2, others=0.9), warm_run=warm_run, proposed_by=why,
+        )  # fmt: skip
+
+    c, f = ProposedBy.CALIBRATION, ProposedBy.FRONTIER
+    records = [
+        trial(0, 1, 508.8, (4.1, 3.8, 4.4), 0.47, 1, c),
+        trial(1, 4, 566.5, (63.0, 57.7, 68.4), 0.54, 2, c),
+        trial(2, 7, 504.2, (111.6, 106.0, 117.3), 0.12, 3, f),
+        trial(3, 32, 513.2, (31.9, 31.5, 32.2), 0.94, 4, c),
+        trial(4, 128, 554.2, (133.5, 73.6, 193.3), 0.80, 5, c),
+        trial(5, 512, 652.9, (1023.1, 1012.9, 1033.3), 0.62, 6, c),
+        trial(6, 512, 643.7, (272.4, 267.5, 277.2), 0.71, None, ProposedBy.FRESH),
+    ]
+    assert contradicted(records) == (512, "none")  # what the search measured again
+    assert unanswerable(records, limit) == {(512, "none")}
+    space = SearchSpace(batch_sizes=parse_batch_sizes(None), plans=("none",))
+    speed = speed_of(records, limit=limit)
+    assert (512, "none") in speed.slowed and (512, "none") not in speed.pooled
+    proposal = propose(records, model_of(records, limit=limit), speed, space, limit)
+    assert isinstance(proposal, Proposal), proposal
+    assert (proposal.batch_size, proposal.plan, proposal.why) == (256, "none", ProposedBy.FRONTIER)
+    # over the limit with readings that agree: kept, as a bound on the line (a batch over the budget still
+    # says how fast its batch size runs)
+    agreeing = [*records[:6], dataclasses.replace(records[6], samples_per_sec=1000.0,
+                samples_per_sec_low=990.0, samples_per_sec_high=1010.0)]  # fmt: skip
+    assert unanswerable(agreeing, limit) == frozenset()
+    assert (512, "none") in speed_of(agreeing, limit=limit).pooled
 
 
 def test_configurations_that_dominate_a_quietly_read_leader_are_verified_beside_it_where_theirs_were_busy() -> (
