@@ -127,7 +127,7 @@ class Truth:
         return statistics.median(p for _, p in self.readings[config])
 
     def fits(self, config: tuple[int, str], limit: float) -> bool:
-        return statistics.median(p for _, p in self.readings[config]) <= limit
+        return self.peak(config) <= limit
 
     def optimum(self, limit: float) -> tuple[tuple[int, str], float]:
         fitting = [c for c in self.readings if self.fits(c, limit)]
@@ -309,13 +309,13 @@ def report(workload: Workload, runs: list[Run], truth: Truth) -> list[str]:
             f"{len(truth.readings[(batch, plan)])}) {truth.peak((batch, plan)) / 2**20:,.1f} MiB"
         )
     opt_low = truth.span((opt_batch, opt_plan))[0]
-    unresolved = 0
     for run in runs:
         config = (run.batch_size, run.plan)
-        fits = truth.fits(config, workload.limit)
-        run.score = truth.speed(config) / opt if fits else 0.0
-        # below 0.95, but a reading of the chosen one reached the optimum's slowest: the truth cannot order them
-        unresolved += fits and run.score < 0.95 and truth.span(config)[1] >= opt_low
+        run.score = truth.speed(config) / opt if truth.fits(config, workload.limit) else 0.0
+    # below 0.95, but a reading of the chosen one reached the optimum's slowest: the truth cannot order them
+    unresolved = sum(
+        0 < run.score < 0.95 and truth.span((run.batch_size, run.plan))[1] >= opt_low for run in runs
+    )
     for condition in CONDITIONS:
         mine = [r for r in runs if r.condition == condition]
         if not mine:
