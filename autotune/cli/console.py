@@ -88,8 +88,8 @@ class ConsoleReporter:
             )
         if record.rising_bytes:  # a verification's peak had not settled: the limit must hold as much again
             self.console.print(
-                f"trial {record.number}'s peak still rose {format_bytes(record.rising_bytes)} over its last "
-                f"{SETTLE_WINDOW} steps ({record.settled}): it fits only with room for as much again",
+                f"trial {record.number}'s peak was still rising, {format_bytes(record.rising_bytes)} per "
+                f"{SETTLE_WINDOW} steps at the end ({record.settled}): it fits only with room for as much again",
                 style="dim",
                 highlight=False,
                 markup=False,

@@ -115,7 +115,7 @@ def _rising_text(result: TuneResult) -> str:
     if not rises:
         return ""
     return (
-        f"; still rising {format_bytes(max(rises))} over the last {SETTLE_WINDOW} steps of its longest run, "
+        f"; still rising {format_bytes(max(rises))} per {SETTLE_WINDOW} steps at the end of its longest run, "
         "which the limit holds room for once more: a much longer job may need more"
     )
 

@@ -342,6 +342,7 @@ class _Guard:
                 request.total_steps,
                 settings.settle_seconds,
                 settings.settle_limit,
+                warmup=request.warmup_steps,
             )
             if request.settle_steps
             else None

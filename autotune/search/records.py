@@ -113,7 +113,7 @@ class TrialRecord:
     phase_peaks: dict[str, int] | None = None
     own_checkpointing: str | None = None  # the checkpointing the script does by itself (a plan adds to it)
     settled: str | None = None  # a verification that ran on until its peak settled: why it ended then
-    rising_bytes: int | None = None  # ... its peak's rise over its last steps, where it had not settled
+    rising_bytes: int | None = None  # ... its peak's rise per 10 steps at its end, where it had not settled
     shifted: str | None = None  # its measurement stopped lengthening: the load changed as it ran
     slow_start: str | None = None  # a slow start it measured past: its first steps became warm-up
     startup_seconds: float | None = None  # from its launch to the end of its first step

@@ -23,7 +23,6 @@ from autotune.search.space import micro_batch_sizes, parse_batch_sizes, parse_pl
 from autotune.storage import BestRow
 from autotune.trials.command import TrialCommand
 from autotune.trials.settings import TrialSettings
-from autotune.trials.settle import SETTLE_WINDOW
 
 EXECUTORS = ("local", "ray")
 VERIFY_SETTLE_STEPS = 250  # at most this many steps past a verification's measured ones (and settle_seconds)
@@ -154,15 +153,15 @@ class TuneSpec:
 
     @property
     def verify_settings(self) -> TrialSettings:
-        """A verification runs twice the measured steps (at least SETTLE_WINDOW, the steps its peak must
-        hold still over), then on until its peak has stopped growing, up to VERIFY_SETTLE_STEPS more
-        (autotune.trials.settle). Twice, not three times (#41): its speed is pooled with the search's
-        readings, and a longer run buys little against the spread between runs (six quiet readings of
+        """A verification runs the search's measured steps, then on until its peak has stopped growing or
+        the limit has room for its rise, up to VERIFY_SETTLE_STEPS more (autotune.trials.settle). Not twice
+        the steps, nor SETTLE_WINDOW at least (#41): its speed is pooled with the search's readings, and a
+        longer run buys little against the spread between runs (six quiet readings of
         bench/time_to_answer.py's GPT-2 none@7 on the 2-core CPU: 4.8% sd between runs, ±1-3% within one),
-        while five more steps of that verification took 13 s of a 141 s answer."""
+        while its ten steps were 24.5 s of a 76 s answer there; the settling waits on where the peak's rise
+        could change the verdict."""
         return dataclasses.replace(
             self.settings,
-            measured_steps=max(2 * self.settings.measured_steps, SETTLE_WINDOW),
             settle_steps=VERIFY_SETTLE_STEPS,
         )
 

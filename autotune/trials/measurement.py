@@ -235,6 +235,7 @@ def run_trial(
                 settings.settle_seconds,
                 settings.settle_limit,
                 Path(request.progress_path),
+                warmup=request.warmup_steps,
             )
             if settings.settle_steps
             else None
@@ -531,7 +532,11 @@ def trial_result(
         phase_seconds=report.phase_seconds if report else None,
         own_checkpointing=report.own_checkpointing if report else None,
         settled=report.settled if report else None,
-        rising_bytes=still_rising(reading.by_step, report.steps_done, report.settled) if report else None,
+        rising_bytes=(
+            still_rising(reading.by_step, report.steps_done, report.settled, report.warmup_steps or 0)
+            if report
+            else None
+        ),
         shifted=report.shifted if report else None,
         slow_start=report.slow_start if report else None,
         startup_seconds=exit_info.first_step_seconds,

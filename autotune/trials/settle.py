@@ -21,6 +21,13 @@ and 2080 MiB of resident peak after 2, 4, 18 and 26 steps (glibc's heap stepping
 more steps could read it settled or still rising, and the answer is the same either way where the limit has
 room for the rise.
 
+Where the limit has room, its rate needs no full window: from the end of the measured steps it is read over
+the steps since warm-up (``RATE_MIN_STEPS`` at least, the window at most) and counted per ``SETTLE_WINDOW``
+steps (:func:`recent_rise`). A verification thus measures the search's five steps, not ten, and ends there
+where the limit has room; a peak still creeping after warm-up reads a steeper rate over fewer steps, so it
+waits, never fits on less room. Issue 41's GPT-2 waited 13 steps of 2.2 s, 36 s of a 76 s answer, for a
+window whose verdict the limit's 130 MiB of room had decided by step 8.
+
 The tuner then writes, at the request's ``settled_path``, the step at which the trial ends: the step a single
 process is in, or a step every rank has yet to finish, so that no rank leaves a collective the others still
 wait in.
@@ -47,6 +54,9 @@ SETTLE_MIN_SECONDS = 10.0  # the time cap of a short trial: enough for a few ste
 # ends at the step it is in (2.3 s a step on issue 41's GPT-2 on the CPU)
 END_MARGIN = 2
 ROOM = "rising with room to spare"  # why a verification ended before its peak settled: Settle.room
+# the fewest steps past warm-up a peak's rate is read over (recent_rise): one or two steps' rise is a page
+# the allocator took or not
+RATE_MIN_STEPS = 3
 
 
 @dataclass
@@ -63,6 +73,7 @@ class Settle:
     first: tuple[float, int] | None = None  # the first poll that saw a finished step: when, and the steps
     cap: float = 0.0  # seconds it may settle for: as long as it took to get there (see the module docstring)
     written: bool = False
+    warmup: int = 0  # the warm-up steps asked: a peak's rate is read over the steps after them (recent_rise)
 
     def watch(self, steps: int, by_step: Mapping[int, int], elapsed: float) -> None:
         """At each poll (``elapsed``: seconds since the trial was launched): once the trial has run its
@@ -77,18 +88,18 @@ class Settle:
             return
         if self.started is None:
             self.started, self.cap = now, min(self.seconds, max(elapsed, SETTLE_MIN_SECONDS))
-        rise = growth(by_step, steps)
+        rise, rate = growth(by_step, steps), recent_rise(by_step, steps, self.warmup)
         if rise is not None and rise[0] <= tolerance(rise[1]):
             self._write(steps, "settled", rise[0])
-        elif rise is not None and self.room(*rise, steps, now):
-            self._write(steps, ROOM, rise[0])
+        elif rate is not None and self.room(*rate, steps, now):
+            self._write(steps, ROOM, rate[0])
         elif now - self.started > self.cap:
-            self._write(steps, "time cap", rise[0] if rise else None)
+            self._write(steps, "time cap", rate[0] if rate else None)
 
     def room(self, rise: int, peak: int, steps: int, now: float) -> bool:
-        """Whether the limit holds the peak's ``rise`` over the last window going on at that rate for the
-        steps the time cap still allows (at the pace of the steps since the first poll), and that rise once
-        more (see the module docstring)."""
+        """Whether the limit holds the peak's ``rise`` a window (:func:`recent_rise`: per SETTLE_WINDOW
+        steps) going on at that rate for the steps the time cap still allows (at the pace of the steps since
+        the first poll), and that window's rise once more (see the module docstring)."""
         if self.limit is None or self.first is None or self.started is None or steps <= self.first[1]:
             return False
         pace = (now - self.first[0]) / (steps - self.first[1])  # seconds a step
@@ -101,27 +112,39 @@ class Settle:
         self.written = True
 
 
-def growth(by_step: Mapping[int, int], steps: int) -> tuple[int, int] | None:
-    """How much the peak rose over the last SETTLE_WINDOW steps finished, and the peak now; None before the
+def growth(by_step: Mapping[int, int], steps: int, window: int = SETTLE_WINDOW) -> tuple[int, int] | None:
+    """How much the peak rose over the last ``window`` steps finished, and the peak now; None before the
     trial has finished that many, or while the meter took no sample in those steps (a sampler a busy machine
     starved read no rise there: a peak growing 1 MiB a step "settled after 15 steps" beside three busy
     neighbours)."""
-    if steps < SETTLE_WINDOW or not any(steps - SETTLE_WINDOW < s <= steps for s in by_step):
+    if steps < window or not any(steps - window < s <= steps for s in by_step):
         return None
     peak_now = max((p for s, p in by_step.items() if s <= steps), default=0)
-    peak_then = max((p for s, p in by_step.items() if s <= steps - SETTLE_WINDOW), default=0)
+    peak_then = max((p for s, p in by_step.items() if s <= steps - window), default=0)
     return peak_now - peak_then, peak_now
 
 
-def still_rising(by_step: Mapping[int, int], steps: int, settled: str | None) -> int | None:
-    """How much the peak of a verification that ended unsettled (``settled``: a cap or the script's end, not
-    "settled") rose over its last SETTLE_WINDOW steps, where that is more than the meter's noise (None
-    otherwise, or where the meter cannot say). Its answer must leave room for as much again below the limit
-    (autotune.search.records.TrialRecord.fits): a peak still creeping when the cap ended the run has not
-    shown that it holds (#43)."""
+def recent_rise(by_step: Mapping[int, int], steps: int, warmup: int) -> tuple[int, int] | None:
+    """The peak's rise per SETTLE_WINDOW steps at the rate of the last SETTLE_WINDOW steps finished, or of
+    the steps since warm-up where fewer (RATE_MIN_STEPS at least; never the first step, which allocates
+    everything), and the peak now; None where :func:`growth` can say nothing over those steps."""
+    window = min(SETTLE_WINDOW, steps - max(warmup, 1))
+    if window < RATE_MIN_STEPS:
+        return None
+    rise = growth(by_step, steps, window)
+    return None if rise is None else (rise[0] * SETTLE_WINDOW // window, rise[1])
+
+
+def still_rising(by_step: Mapping[int, int], steps: int, settled: str | None, warmup: int = 0) -> int | None:
+    """How much the peak of a verification that ended unsettled (``settled``: a cap, the limit's room or the
+    script's end, not "settled") rose per SETTLE_WINDOW steps at the end of its run (:func:`recent_rise`:
+    over its last steps past ``warmup``), where that is more than the meter's noise (None otherwise, or
+    where the meter cannot say). Its answer must leave room for as much again below the limit
+    (autotune.search.records.TrialRecord.fits): a peak still creeping when the run ended has not shown that
+    it holds (#43)."""
     if settled is None or settled.startswith("settled"):
         return None
-    rise = growth(by_step, steps)
+    rise = recent_rise(by_step, steps, warmup)
     return rise[0] if rise is not None and rise[0] > tolerance(rise[1]) else None
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tempfile
+import time
 from pathlib import Path
 
 import optuna
@@ -22,7 +24,16 @@ from autotune.search.records import TrialRecord, peak_verdict
 from autotune.search.spec import VERIFY_SETTLE_STEPS
 from autotune.trials.measurement import measure_spec
 from autotune.trials.settings import TrialSettings
-from autotune.trials.settle import ROOM, SETTLE_WINDOW, Settle, growth, still_rising, tolerance
+from autotune.trials.settle import (
+    RATE_MIN_STEPS,
+    ROOM,
+    SETTLE_WINDOW,
+    Settle,
+    growth,
+    recent_rise,
+    still_rising,
+    tolerance,
+)
 
 from conftest import DETERMINISTIC_CPU_ALLOCATOR, SYNTHETIC
 
@@ -139,10 +150,11 @@ def test_a_run_whose_answer_was_still_rising_says_so(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert re.search(
-        r"trial \d+'s peak still rose [\d.]+ MiB over its last 10 steps \(rising with room to spare after",
+        r"trial \d+'s peak was still rising, [\d.]+ MiB per 10 steps at the end \(rising with room to spare "
+        r"after",
         result.output,
     )
-    assert re.search(r"; still rising [\d.]+ MiB over the last 10 steps of its longest run", result.output)
+    assert re.search(r"; still rising [\d.]+ MiB per 10 steps at the end of its longest run", result.output)
 
 
 def test_the_limit_has_room_for_a_rise_that_goes_on_at_its_rate_until_the_cap() -> None:
@@ -205,3 +217,42 @@ def test_a_verification_with_room_for_its_rise_ends_before_its_peak_settles(tmp_
     tight, why, steps = peak(tmp_path, near, "--grow-steps", "60")
     assert why is not None and why.startswith("settled after "), why
     assert steps >= 60 + SETTLE_WINDOW - 17 and tight - result.peak_bytes >= 30 * MiB
+
+
+def test_a_peak_s_rate_is_read_over_the_steps_since_warm_up_where_they_are_fewer_than_the_window() -> None:
+    """Issue 41: a verification that has run its five measured steps past two of warm-up reads its peak's
+    rate over those five, per 10 steps: 1 MiB a step reads 10 MiB; the warm-up's own climb (the first
+    step allocates everything) is never in it; fewer than three steps say nothing."""
+    climbing = {1: 500 * MiB, 2: 600 * MiB, **{s: (600 + s - 2) * MiB for s in range(3, 8)}}
+    assert recent_rise(climbing, 7, warmup=2) == (10 * MiB, 605 * MiB)
+    assert recent_rise(climbing, 4, warmup=2) is None and RATE_MIN_STEPS == 3
+    assert recent_rise(climbing, 5, warmup=2) == (10 * MiB, 603 * MiB)
+    # past the window, the window: the old rule's figure
+    long = {s: (600 + min(s, 30)) * MiB for s in range(1, 40)}
+    assert recent_rise(long, 30, warmup=2) == growth(long, 30) == (10 * MiB, 630 * MiB)
+    # a rise over three steps of 1 MiB reads 3 MiB per 10 (integer bytes: 10 // 3)
+    assert recent_rise(long, 5, warmup=2) == (3 * MiB * 10 // 3, 605 * MiB)
+    # a run that ended with room to spare keeps that rate: the answer leaves room for as much again
+    assert still_rising(climbing, 7, f"{ROOM} after 7 steps", warmup=2) == 10 * MiB
+
+
+def test_a_verification_with_room_ends_once_its_measured_steps_are_done() -> None:
+    """Issue 41's GPT-2 on the CPU: a verification of 2 warm-up and 5 measured steps of 2.2 s, its peak 2052
+    MiB and climbing 7 MiB a step past warm-up (glibc's heap stepping up), 130 MiB under its limit, ends at
+    its 7th step: 8.6 more steps at that rate and ten once more need 130 MiB, which the limit holds. The
+    same peak 125 MiB under the limit waits; so did every verification before, whose rise was read over a
+    full window of ten steps past warm-up (12 steps, then 13 here: 13 steps of 2.2 s of a 76 s answer)."""
+    by_step = {1: 1500 * MiB, 2: 2010 * MiB, **{s: (2010 + 7 * (s - 2)) * MiB for s in range(3, 8)}}
+    peak = by_step[7]
+
+    def ends(limit: int) -> tuple[int, str] | None:
+        settled = Path(tempfile.mkdtemp()) / "settled.json"
+        settle = Settle(settled, measured=7, seconds=120.0, limit=limit, warmup=2)
+        settle.first = (time.monotonic() - 6 * 2.2, 1)  # 2.2 s a step since the first poll
+        settle.watch(7, by_step, 19.0)  # 19 s since the launch: as long again to settle
+        return read_settled(str(settled))
+
+    # the rate: 35 MiB over 5 steps, 70 per 10; the pace: 2.2 s a step since the first poll
+    assert recent_rise(by_step, 7, warmup=2) == (70 * MiB, peak)
+    assert ends(peak + 131 * MiB) == (8, ROOM)
+    assert ends(peak + 125 * MiB) is None  # (a second late to the poll, it would still wait)
