@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tempfile
 import time
 from pathlib import Path
 
@@ -236,7 +235,7 @@ def test_a_peak_s_rate_is_read_over_the_steps_since_warm_up_where_they_are_fewer
     assert still_rising(climbing, 7, f"{ROOM} after 7 steps", warmup=2) == 10 * MiB
 
 
-def test_a_verification_with_room_ends_once_its_measured_steps_are_done() -> None:
+def test_a_verification_with_room_ends_once_its_measured_steps_are_done(tmp_path: Path) -> None:
     """Issue 41's GPT-2 on the CPU: a verification of 2 warm-up and 5 measured steps of 2.2 s, its peak 2052
     MiB and climbing 7 MiB a step past warm-up (glibc's heap stepping up), 130 MiB under its limit, ends at
     its 7th step: 8.6 more steps at that rate and ten once more need 130 MiB, which the limit holds. The
@@ -246,7 +245,8 @@ def test_a_verification_with_room_ends_once_its_measured_steps_are_done() -> Non
     peak = by_step[7]
 
     def ends(limit: int) -> tuple[int, str] | None:
-        settled = Path(tempfile.mkdtemp()) / "settled.json"
+        settled = tmp_path / "settled.json"
+        settled.unlink(missing_ok=True)
         settle = Settle(settled, measured=7, seconds=120.0, limit=limit, warmup=2)
         settle.first = (time.monotonic() - 6 * 2.2, 1)  # 2.2 s a step since the first poll
         settle.watch(7, by_step, 19.0)  # 19 s since the launch: as long again to settle
