@@ -59,6 +59,10 @@ SAVING_DOUBT = 2.0  # an optimistic bound takes the probe's predicted saving as 
 RESOLVE = 4.0  # a slope is resolved once its plan's peaks rose by this many times the memory noise
 GROWTH = 4  # an unresolved calibration's next batch size: about this many times its largest
 EXTRAPOLATION = 8  # no proposal beyond this many times the largest batch size measured with its plan
+# A batch size a plan's own readings put over the limit by less than this many standard errors of the
+# line's prediction there is still a candidate (:meth:`MemoryModel.doubt`): one-sided, about 95% with the
+# few readings a search has.
+PREDICTION_DOUBT = 2.0
 MiB = 2**20
 # The noise a meter's readings have before any repeat shows more, as (share of the smallest peak, least
 # bytes): RSS moved ±35 MiB at ~500 MiB between two trials here (docs/reliability.md); NVML readings of one
@@ -91,6 +95,11 @@ class MemoryModel:
     # the probe's: bytes a sharding plan frees a rank whatever the batch size (negative: holds more)
     fixed_savings: dict[str, float] = field(default_factory=dict)
     offsets: dict[str, float] = field(default_factory=dict)  # fitted: bytes a sharding plan adds to fixed
+    # the fit's columns (a slope per plan with readings, then a sharding plan's offset), the pseudo-inverse
+    # of its normal matrix and its residuals' standard deviation: what a prediction's error is (doubt)
+    columns: tuple[str, ...] = ()
+    inverse: tuple[tuple[float, ...], ...] = field(default=(), compare=False)
+    residual_sd: float = 0.0
 
     @classmethod
     def fit(
@@ -128,13 +137,21 @@ class MemoryModel:
                 rows[i, 1 + len(sloped) + sharded.index(o.plan)] = 1.0
         peaks = np.array([o.peak_bytes for o in complete], dtype=float)
         solution = np.linalg.lstsq(rows, peaks, rcond=None)[0]
+        residuals = peaks - rows @ solution
+        freedom = len(complete) - np.linalg.matrix_rank(rows)
         slopes = {
             plan: max(float(s), 1.0) for plan, s in zip(sloped, solution[1 : 1 + len(sloped)], strict=True)
         }
         slopes.update({plan: slopes[part] for plan, part in shared.items()})
         offsets = {plan: float(x) for plan, x in zip(sharded, solution[1 + len(sloped) :], strict=True)}
         model = dataclasses.replace(
-            model, fixed=max(float(solution[0]), 0.0), per_sample=slopes, offsets=offsets
+            model,
+            fixed=max(float(solution[0]), 0.0),
+            per_sample=slopes,
+            offsets=offsets,
+            columns=(*sloped, *(f"offset:{plan}" for plan in sharded)),
+            inverse=tuple(tuple(map(float, row)) for row in np.linalg.pinv(rows.T @ rows)),
+            residual_sd=float(np.sqrt(residuals @ residuals / freedom)) if freedom > 0 else 0.0,
         )
         bounds: dict[str, float] = {}
         for o in observations:  # a censored peak: the plan's slope is at least what reaches it
@@ -173,6 +190,31 @@ class MemoryModel:
         if self.fixed is None:
             return None
         return self.fixed + self.offset(plan) + batch_size * self.slope(plan)
+
+    def doubt(self, batch_size: int, plan: str) -> float:
+        """Bytes by which ``plan``'s peak at ``batch_size`` may lie below its prediction: PREDICTION_DOUBT
+        standard errors of the fitted line's prediction there (a reading's own error, the larger of the
+        residuals' and half the memory noise, and the fit's, which grows with the distance from the batch
+        sizes measured); 0 for a plan without readings of its own (or of its recompute part's), whose slope
+        is a prior.
+
+        A line through RSS readings can put the next batch size over the limit while that batch fits:
+        examples/mlp.py at 700 MB read none@1..256 at 501-613 MiB warm (residuals of 14 MiB: glibc's heap
+        grows in steps), the line put none@384 at 660 MiB against the 634.2 MiB limit, and it peaks at
+        609-623. Three runs of six answered none@256 at 0.90 of none@384's speed without measuring it."""
+        if self.fixed is None or not self.inverse:
+            return 0.0
+        row = np.zeros(len(self.columns) + 1)
+        row[0] = 1.0
+        sloped = plan if plan in self.columns else recompute_part(plan)
+        if sloped not in self.columns:
+            return 0.0
+        row[1 + self.columns.index(sloped)] = batch_size
+        if f"offset:{plan}" in self.columns:
+            row[1 + self.columns.index(f"offset:{plan}")] = 1.0
+        leverage = float(row @ np.array(self.inverse) @ row)
+        sd = max(self.residual_sd, self.noise / 2)
+        return PREDICTION_DOUBT * sd * math.sqrt(1.0 + max(leverage, 0.0))
 
     def offset(self, plan: str) -> float:
         """Bytes ``plan`` adds to ``fixed`` whatever the batch size (negative: it frees them): a sharding
@@ -300,21 +342,30 @@ class MemoryModel:
 
     def largest_fitting(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
         """The largest batch size for ``plan`` that was measured to fit, or is predicted to fit, lies below
-        its ceiling (see :meth:`ceiling`) and within its reach (see :meth:`reach`)."""
-        measured = {o.batch_size: o for o in self.observations if o.plan == plan}
+        its ceiling (see :meth:`ceiling`) and within its reach (see :meth:`reach`); once that one was
+        measured, the one after it where the prediction puts it over the limit by less than its
+        :meth:`doubt` (one rung: measuring it settles the question, and a reading over the limit becomes
+        the plan's ceiling). Not before: a line through two small batch sizes is doubtful far from them,
+        and a proposal past its prediction would fail and bisect back."""
+        measured = {o.batch_size for o in self.observations if o.plan == plan}
         ceiling = self.ceiling(plan, limit)
         reach = self.reach(plan, batch_sizes, limit)
         host = self.host_cap(plan)
-        best = None
+        best, following = None, None
         for batch in batch_sizes:
             if (ceiling is not None and batch >= ceiling) or (reach is not None and batch > reach):
                 break
             if host is not None and batch > host and batch not in measured:
                 break
-            observed = measured.get(batch)
             predicted = self.predict(batch, plan)
-            if observed is not None or (predicted is not None and predicted <= limit):
-                best = batch
+            if batch in measured or (predicted is not None and predicted <= limit):
+                best, following = batch, None
+            elif following is None:
+                following = batch
+        if best in measured and following is not None:
+            predicted = self.predict(following, plan)
+            if predicted is not None and predicted - self.doubt(following, plan) <= limit:
+                return following
         return best
 
     def fitting_batches(self, plan: str, limit: int) -> list[int]:

@@ -60,8 +60,10 @@ def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tm
     holds 24 MiB more (RSS noise). Batch 1 then reads 60 MiB and batch 4 reads 36: a negative slope, which
     the old model clamped to 1 byte per sample and followed down a ladder of over-budget trials from 65536.
     Now the fall is the noise (±12 MiB), the calibration grows 4x a step until the peaks rise above it;
-    4096 passes the budget (the one over-budget trial); the next proposal bisects below it, and the model
-    (its slope now resolved) puts the frontier at 1536 (2048 would take ~164 MiB)."""
+    4096 passes the budget; the next proposal bisects below it, and the model (its slope now resolved)
+    puts the frontier at 1536. 2048 would take ~164 MiB: predicted 10 MiB over the limit, within the
+    doubt of a line whose batch-1 reading lies 24 MiB off it (MemoryModel.doubt), it is measured once
+    1536 was, and its reading over the budget ends the climb (the second over-budget trial)."""
     data = tune(
         tmp_path,
         # --trials leaves room for a loaded machine's re-measurements: the ladder is 8 search runs, and CI's
@@ -74,7 +76,7 @@ def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tm
     # not a busy machine's re-measurement (a batch-1 step read longer than batch 4's): not the calibration's
     first = [r for r in records if r.kind is TrialKind.MEASURED and r.proposed_by != REMEASURE]
     measured = [(r.batch_size, str(r.outcome)) for r in first]
-    assert measured[:8] == [
+    assert measured[:9] == [
         (1, "complete"),
         (4, "complete"),
         (16, "complete"),
@@ -83,9 +85,10 @@ def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tm
         (1024, "complete"),
         (4096, "over-budget"),
         (1536, "complete"),
+        (2048, "over-budget"),
     ]
-    assert [r.proposed_by for r in first][:7] == ["calibration"] * 7
-    assert sum(r.outcome is Outcome.OVER_BUDGET for r in records) == 1
+    assert [r.proposed_by for r in first][:9] == ["calibration"] * 7 + ["frontier"] * 2
+    assert sum(r.outcome is Outcome.OVER_BUDGET for r in records) == 2
     assert data["batch_size"] == 1536
     assert records[0].memory_method == "rss"  # one process: its own peak RSS
     assert all(r.load is not None for r in records if r.kind is TrialKind.MEASURED)
@@ -328,6 +331,46 @@ def test_a_tie_between_batches_of_one_plan_answers_the_smaller_peak() -> None:
     assert choose([*b48, *b64], [(48, "none"), (64, "none")], 8 * MiB) == (64, "none")  # 5% faster: no tie
     lean = contender("A:1", (99.8, 100.2, 99.9), (1500, 1502, 1501), batch=48)
     assert choose([*b48, *lean], [(48, "none"), (48, "A:1")], 8 * MiB) == (48, "none")
+
+
+def test_the_batch_after_a_measured_frontier_is_measured_where_the_line_s_own_error_could_put_it_in() -> None:
+    """examples/mlp.py at 700 MB (limit 634.2 MiB), a quiet run of bench/robustness.py at 6eade9c, replayed:
+    one warm process read none@1..256 at 501-613 MiB, and the line through those peaks (residuals of 14
+    MiB: glibc's heap grows in steps) put none@384 at 660 MiB. It peaks at 609-623 MiB in a process of its
+    own, and runs 1.1x none@256's speed; the run answered none@256 without measuring it (three runs of six).
+    Over the limit by 26 MiB against a prediction doubtful by 46 (two standard errors there), it is the
+    plan's frontier now; once it reads 612 MiB, so is none@512 (over by 34 against 54), and its reading
+    over the limit ends the climb. Before none@256 was measured, none@384 was nobody's frontier: the one
+    rung past a prediction is taken only from a measured frontier."""
+    space = SearchSpace(batch_sizes=parse_batch_sizes(None)[:22], plans=("none",))
+    limit = int(634.2 * MiB)
+    table = [(1, 13.4, 501), (4, 80.4, 526), (16, 285.5, 510), (64, 672.1, 557), (128, 829.7, 574)]
+    table += [(192, 807.4, 574), (256, 851.5, 613)]
+
+    def warm(number: int, batch: int, speed: float, mib: float) -> TrialRecord:
+        record = dataclasses.replace(reading(number, batch, speed), peak_bytes=int(mib * MiB))
+        return dataclasses.replace(record, memory_method="rss", warm_run=number + 1)
+
+    def frontier(records: list[TrialRecord]) -> int | None:
+        return model_of(records, limit=limit).largest_fitting("none", space.batch_sizes, limit)
+
+    def proposal(records: list[TrialRecord]) -> Proposal | Finished | None:
+        return propose(records, model_of(records, limit=limit), speed_of(records, limit=limit), space, limit)
+
+    records = [warm(i, *row) for i, row in enumerate(table)]
+    model = model_of(records, limit=limit)
+    assert model.predict(384, "none") == pytest.approx(660.4 * MiB, abs=0.1 * MiB)
+    assert model.doubt(384, "none") == pytest.approx(45.7 * MiB, abs=0.1 * MiB)
+    assert proposal(records) == Proposal(384, "none", "frontier", 1)
+    assert frontier(records[:-1]) == 256  # none@192 measured: none@256 predicted to fit, none@384 over
+    records.append(warm(7, 384, 999.1, 612))
+    assert proposal(records) == Proposal(512, "none", "frontier", 1)
+    records.append(warm(8, 512, 1002.2, 652))
+    assert frontier(records) == 384
+    # Where the readings lie on their line (as NVML's do, within the allocator's 2 MiB), the doubt is a few
+    # MiB, and a batch predicted 26 MiB over the limit is not measured.
+    exact = [dataclasses.replace(r, peak_bytes=int((500 + 0.4 * r.batch_size) * MiB)) for r in records[:7]]
+    assert frontier(exact) == 256
 
 
 def test_a_batch_below_a_faster_reading_over_the_limit_is_worth_a_trial() -> None:
