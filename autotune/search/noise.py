@@ -53,6 +53,10 @@ BETWEEN_FLOOR = 0.07
 # the smaller configuration, while a reading a busy machine slowed and left in bends the throughput model
 # for every configuration it extrapolates to (issue 31: none@1 read 15% slow valued B:1's recompute as free).
 ORDER_FLOOR = 0.05
+# A reading whose own steps spread wider than this (relative half-width) on a busy machine is *shaky*: quiet
+# readings of examples/gpt.py agree to ±1-3%; beside four bursting neighbours its none@1 read 13.7 ±21% and
+# none@4 18.3 ±14%, a third and a quarter of their quiet speed (see :func:`shaky`).
+SHAKY = 0.10
 MAX_READINGS = 3  # a configuration is measured at most this often before the search stops questioning it
 REMEASURE_ATTEMPT = 2  # leases of re-measurements start here (0: the first trial, 1: its one retry)
 
@@ -147,12 +151,65 @@ def contradicted(records: list[TrialRecord], skip: Iterable[Configuration] = ())
     """A configuration whose readings disagree and that may be measured again (fewest readings first); not
     one in ``skip`` (:func:`slowed`: a larger batch of its plan is faster whatever its readings say)."""
     configs = {r.config for r in records if r.config is not None} - set(skip)
+    out = shaken(records)
     found = []
     for config in configs:
-        rs = readings(records, config)
+        rs = [r for r in readings(records, config) if r.number not in out]
         if 2 <= len(rs) < MAX_READINGS and disagree(_intervals(rs)) and not in_flight(records, config):
             found.append((len(rs), config))
     return min(found)[1] if found else None
+
+
+def is_shaky(record: TrialRecord) -> bool:
+    """Whether its own steps spread by more than SHAKY while a neighbour kept the machine busy (CPU pressure
+    over LOADED): a reading of the neighbour as much as of the configuration. Not where no pressure is
+    known (a kernel without it): nothing says the spread was the load's."""
+    speed, busy = record.throughput, pressure(record)
+    if speed is None or speed.noise <= SHAKY or busy is None or record.load is None:
+        return False
+    return busy > LOADED and record.load.neighbour
+
+
+def shaken(records: Iterable[TrialRecord]) -> set[int]:
+    """The numbers of the shaky search readings (:func:`is_shaky`) slower than another reading of their
+    configuration that is not: load only slows, so the steadier one stands for it, and the two are no
+    disagreement to measure a third time, nor a spread between trials that widens every other
+    configuration's hopes (ThroughputModel.between). A verification's readings are never left out: side
+    by side, they are what :func:`overruled` and verify.choose rest on."""
+    records = list(records)
+    out: set[int] = set()
+    for config in {r.config for r in records if r.config is not None}:
+        rs = readings(records, config)
+        steady = [r.throughput.low for r in rs if r.throughput is not None and not is_shaky(r)]
+        out |= {
+            r.number
+            for r in rs
+            if steady
+            and r.kind is not TrialKind.VERIFICATION
+            and is_shaky(r)
+            and r.throughput is not None
+            and r.throughput.mid < min(steady)
+        }
+    return out
+
+
+def shaky(records: list[TrialRecord], reference: str | None, largest: int) -> Configuration | None:
+    """A configuration of the reference plan below its largest batch size measured (``largest``) whose one
+    reading is shaky (:func:`is_shaky`), the smallest batch size first. The throughput line is fitted
+    through such readings, and what it extrapolates to (a larger batch, another plan) is valued on it:
+    beside four bursting neighbours, examples/gpt.py read none@1 at 13.7 ±21% and none@4 at 18.3 ±14%, a
+    third and a quarter of their quiet speed, and none@32 at its own, and the line through them, as flat
+    as a long fixed step makes it, valued every recompute plan at a batch past none's frontier above
+    none@32: the search measured four of them at batch 48 (10-23 s each there) before its verification.
+    One more reading of a small batch costs a few seconds."""
+    found = []
+    for config in {r.config for r in records if r.config is not None}:
+        if config.plan != reference or config.batch_size >= largest or in_flight(records, config):
+            continue
+        rs = readings(records, config)
+        if len(rs) == 1 and is_shaky(rs[0]):
+            found.append(config)
+    return min(found, default=None)
 
 
 def _edge(speeds: Mapping[Configuration, Interval], config: Configuration, sign: int) -> float:

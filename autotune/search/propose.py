@@ -53,6 +53,8 @@ from autotune.search.noise import (
     out_of_order,
     overruled,
     read_busy,
+    shaken,
+    shaky,
     slowed,
     unanswerable,
     unsettled,
@@ -142,7 +144,7 @@ def speed_of(
     slowed below a larger batch of its plan that fits (autotune.search.noise.slowed) and those of a
     configuration over the limit whose readings disagree (noise.unanswerable): the model's ``slowed``."""
     records = list(records)
-    out = overruled(records)
+    out = overruled(records) | shaken(records)
     found = [
         Reading(r.batch_size, r.plan, speed)
         for r in records
@@ -226,6 +228,11 @@ def propose(
         return Proposal(*first, ProposedBy.FRONTIER, max(contenders, 1))
     best = max(candidates, key=value.promise, default=None)
     if best is not None and value.worth(best):
+        # valued on the line's extrapolation (another plan, or past the reference's largest batch): a shaky
+        # reading that shapes the line is read again first
+        extrapolated = best.plan != speed.reference or best.batch_size > speed.largest
+        if extrapolated and (again := shaky(records, speed.reference, speed.largest)) is not None:
+            return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
         why = ProposedBy.FRONTIER if best.batch_size == frontier[best.plan] else ProposedBy.CANDIDATE
         return Proposal(*best, why, contenders)
     if incumbent is None:  # nothing fits yet, and nothing left is predicted to

@@ -451,6 +451,42 @@ def test_a_plan_s_frontier_is_measured_for_its_reach_and_its_smaller_batches_are
     assert "; 12 configurations left could change nothing" in proposal.reason
 
 
+def test_a_shaky_small_batch_is_read_again_before_the_line_through_it_values_another_plan() -> None:
+    """Issue 42's heavy runs of examples/gpt.py at 6eade9c, in shape: beside four bursting neighbours none@1
+    read 13.7 samples/s ±21% and none@4 18.3 ±14% (45 and 77 quiet), none@32 97.1 ±1%. The line through
+    them has a fixed step several times the quiet one's, and (widened by their noise) valued A:1, which
+    repeats half the forward pass, at 139 samples/s at the batch it could reach, far above none@32: the
+    search measured every plan's frontier (10-23 s each there). Now each shaky reading is read again first, the smallest batch
+    first (a few seconds each); its steady second reading stands for it, and nothing left is worth a
+    trial. A shaky reading is one whose steps spread more than SHAKY while a neighbour was at work: the same
+    spread on a quiet machine (examples/mlp.py's batch 1 steps take a millisecond) is read once."""
+    space = SearchSpace(batch_sizes=SPACE.batch_sizes, plans=("none", "A:1"))
+
+    def spread(number: int, batch: int, speed: float, width: float, load: Load = BUSY) -> TrialRecord:
+        record = reading(number, batch, speed, load)
+        return dataclasses.replace(
+            record, samples_per_sec_low=speed * (1 - width), samples_per_sec_high=speed * (1 + width)
+        )
+
+    def proposal(records: list[TrialRecord]) -> Proposal | Finished | None:
+        speed = speed_of(records, {"A:1": 0.5}, limit=LIMIT)
+        return propose(records, model_of(records, limit=LIMIT), speed, space, LIMIT)
+
+    records = [spread(0, 1, 13.7, 0.21), spread(1, 4, 18.3, 0.14), reading(2, 32, 97.1)]
+    assert speed_of(records, {"A:1": 0.5}).optimistic(128, "A:1") == pytest.approx(139.1, abs=0.1)
+    assert proposal(records) == Proposal(1, "none", "re-measure", attempt=2)
+    records.append(spread(3, 1, 45.0, 0.02))
+    assert proposal(records) == Proposal(4, "none", "re-measure", attempt=2)
+    records.append(spread(4, 4, 77.0, 0.02))
+    assert speed_of(records).pooled[Configuration(1, "none")].mid == 45.0  # the shaky 13.7 left out
+    stop = proposal(records)
+    assert isinstance(stop, Finished), stop
+    assert stop.reason.startswith("no remaining configuration is predicted to beat none@32 (97.1 ±1%")
+    # The same spread on a quiet machine: A:1's frontier is measured on the line as it is.
+    quiet = [spread(0, 1, 13.7, 0.21, QUIET), spread(1, 4, 18.3, 0.14, QUIET), reading(2, 32, 97.1)]
+    assert proposal(quiet) == Proposal(32, "A:1", "frontier", contenders=1)
+
+
 def test_a_run_that_cannot_pay_for_a_verification_answers_no_configuration_a_busy_fit_dominates() -> None:
     """Issue 42's heavy run of examples/gpt.py at 65e04f4, replayed: none@1 read 37.1 in a quiet moment,
     none@32 read 27.3, 78.2 (quiet) and 9.1, and the run reached its time limit: the leader by the medians,
