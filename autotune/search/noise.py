@@ -29,6 +29,11 @@ than a larger batch of its plan that fits can never be the answer, whatever anot
 *slowed*, left out of the throughput model, and neither it nor its disagreeing readings are measured again
 (:func:`slowed`). Nor is a configuration over the limit by its peaks whose readings disagree (:func:`unanswerable`):
 it can never be the answer either, and its speed only shapes the line other configurations are valued on.
+
+A reading whose own steps spread by more than SHAKY while a neighbour was at work is *shaky*
+(:func:`is_shaky`): one of the reference plan below its largest batch, read once, is read again before the
+search values another plan or a larger batch on the line through it (:func:`shaky`), and a shaky search
+reading slower than a steady one of its configuration is left out (:func:`shaken`).
 """
 
 from __future__ import annotations
@@ -181,11 +186,12 @@ def shaken(records: Iterable[TrialRecord]) -> set[int]:
     for config in {r.config for r in records if r.config is not None}:
         rs = readings(records, config)
         steady = [r.throughput.low for r in rs if r.throughput is not None and not is_shaky(r)]
+        if not steady:
+            continue
         out |= {
             r.number
             for r in rs
-            if steady
-            and r.kind is not TrialKind.VERIFICATION
+            if r.kind is not TrialKind.VERIFICATION
             and is_shaky(r)
             and r.throughput is not None
             and r.throughput.mid < min(steady)

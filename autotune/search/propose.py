@@ -142,7 +142,8 @@ def speed_of(
     budget still says how fast its batch size runs), but those its side-by-side verifications overrule
     (autotune.search.noise.overruled) and, given the ``limit``, those of a configuration a busy machine
     slowed below a larger batch of its plan that fits (autotune.search.noise.slowed) and those of a
-    configuration over the limit whose readings disagree (noise.unanswerable): the model's ``slowed``."""
+    configuration over the limit whose readings disagree (noise.unanswerable): the model's ``slowed``; nor
+    a shaky search reading that a steadier one of its configuration outruns (noise.shaken)."""
     records = list(records)
     out = overruled(records) | shaken(records)
     found = [
