@@ -342,7 +342,7 @@ def test_the_batch_after_a_measured_frontier_is_measured_where_the_line_s_own_er
     plan's frontier now; once it reads 612 MiB, so is none@512 (over by 34 against 54), and its reading
     over the limit ends the climb. Before none@256 was measured, none@384 was nobody's frontier: the one
     rung past a prediction is taken only from a measured frontier."""
-    space = SearchSpace(batch_sizes=parse_batch_sizes(None)[:22], plans=("none",))
+    space = SearchSpace(batch_sizes=parse_batch_sizes("1-1024"), plans=("none",))
     limit = int(634.2 * MiB)
     table = [(1, 13.4, 501), (4, 80.4, 526), (16, 285.5, 510), (64, 672.1, 557), (128, 829.7, 574)]
     table += [(192, 807.4, 574), (256, 851.5, 613)]
@@ -456,10 +456,11 @@ def test_a_shaky_small_batch_is_read_again_before_the_line_through_it_values_ano
     read 13.7 samples/s ±21% and none@4 18.3 ±14% (45 and 77 quiet), none@32 97.1 ±1%. The line through
     them has a fixed step several times the quiet one's, and (widened by their noise) valued A:1, which
     repeats half the forward pass, at 139 samples/s at the batch it could reach, far above none@32: the
-    search measured every plan's frontier (10-23 s each there). Now each shaky reading is read again first, the smallest batch
-    first (a few seconds each); its steady second reading stands for it, and nothing left is worth a
-    trial. A shaky reading is one whose steps spread more than SHAKY while a neighbour was at work: the same
-    spread on a quiet machine (examples/mlp.py's batch 1 steps take a millisecond) is read once."""
+    search measured every plan's frontier (10-23 s each there). Now each shaky reading is read again
+    first, the smallest batch first (a few seconds each); its steady second reading stands for it, and
+    nothing left is worth a trial. A shaky reading is one whose steps spread more than SHAKY while a
+    neighbour was at work: the same spread on a quiet machine (examples/mlp.py's batch 1 steps take a
+    millisecond) is read once."""
     space = SearchSpace(batch_sizes=SPACE.batch_sizes, plans=("none", "A:1"))
 
     def spread(number: int, batch: int, speed: float, width: float, load: Load = BUSY) -> TrialRecord:
