@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from typing import NamedTuple
 
 import optuna
 from optuna.trial import TrialState
@@ -23,6 +24,25 @@ from autotune.leases.identity import WorkerState, worker_state
 from autotune.leases.watch import LeaseWatch
 from autotune.search.optuna_trials import fail_trial
 from autotune.storage import Lease, LeaseState, Store
+
+
+class Recovered(NamedTuple):
+    """What one look at a study's leases found: the trials it failed, and the configurations it queued for
+    their one retry. They differ where a worker died between claiming a configuration and asking its
+    trial (nothing to fail, one to queue), or where the trial was orphaned (failed, its lease's retry
+    queued by whoever failed the lease)."""
+
+    trials: int
+    retries: int
+
+    def __bool__(self) -> bool:
+        return bool(self.trials or self.retries)
+
+    def __str__(self) -> str:
+        failed = f"{self.trials} interrupted trial(s) failed"
+        if self.retries == self.trials:
+            return f"{failed} and queued for one retry"
+        return f"{failed}; {self.retries} configuration(s) queued for one retry"
 
 
 class Recovery:
@@ -36,10 +56,10 @@ class Recovery:
     def name(self) -> str:
         return self.study.study_name
 
-    def recover(self) -> int:
+    def recover(self) -> Recovered:
         """Fail the leases (and trials) of dead workers and queue each configuration's one retry; fail the
-        orphaned trials. Returns how many this worker failed."""
-        failed = 0
+        orphaned trials. Returns what this worker failed and queued."""
+        failed = retries = 0
         for lease in self.store.leases(self.name, states=(LeaseState.RUNNING,)):
             if lease.worker == self.worker:
                 continue
@@ -48,9 +68,9 @@ class Recovery:
                 continue
             note = failure_note(lease, why)
             if self.store.fail_if_silent(lease.id, lease.beats, note):
-                self._after_failure(lease, note)
-                failed += 1
-        return failed + self._fail_orphans()
+                trials, retried = self._after_failure(lease, note)
+                failed, retries = failed + trials, retries + retried
+        return Recovered(failed + self._fail_orphans(), retries)
 
     def fail(self, lease: Lease, why: str) -> None:
         """Fail a lease whose worker will not finish it (this one, interrupted), with its trials, and
@@ -71,13 +91,16 @@ class Recovery:
         with contextlib.suppress(StorageError):
             self.release(lease, number, str(fault))
 
-    def _after_failure(self, lease: Lease, note: str) -> None:
+    def _after_failure(self, lease: Lease, note: str) -> tuple[int, bool]:
+        """Fail a failed lease's RUNNING trials and queue its retry: (trials failed, whether queued)."""
+        failed = 0
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get("lease") == lease.id:
-                fail_trial(self.study, t.number, note)
-        if lease.attempt == 0:
-            origin = f"trial {lease.trial_number}" if lease.trial_number is not None else f"lease {lease.id}"
-            self.store.queue(self.name, lease.kind, lease.batch_size, lease.plan, 1, origin)
+                failed += fail_trial(self.study, t.number, note)
+        if lease.attempt != 0:
+            return failed, False
+        origin = f"trial {lease.trial_number}" if lease.trial_number is not None else f"lease {lease.id}"
+        return failed, self.store.queue(self.name, lease.kind, lease.batch_size, lease.plan, 1, origin)
 
     def _fail_orphans(self) -> int:
         """RUNNING trials with no live lease: a worker died between its ask and its lease's update, or

@@ -124,9 +124,7 @@ def _tune_on(
     cost = _cost(spec, job.probes_run, started, resolved, study)
     search = job.search(study, reporter, worker, cost)
     if recovered := search.recovery.recover():
-        reporter.note(
-            f"resuming study {name}: {recovered} interrupted trial(s) failed and queued for one retry"
-        )
+        reporter.note(f"resuming study {name}: {recovered}")
     helpers = _helper_devices(spec, job.device, env, nvml) if cluster is None and executor is None else ()
     with (
         Heartbeat(job.store, worker),

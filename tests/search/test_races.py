@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from autotune.core.protocol import Outcome
 from autotune.search.optuna_trials import fail_trial, tell_result
-from autotune.search.recovery import Recovery, failure_note
+from autotune.search.recovery import Recovered, Recovery, failure_note
 from autotune.storage import LeaseKind, Store, open_store
 from autotune.trials.result import TrialResult
 
@@ -177,8 +177,8 @@ def after(url: str, number: int, lease_id: int) -> tuple[str, str, str | None, l
 def test_the_worker_that_fails_a_dead_lease_fails_its_trial_with_the_same_note(storage) -> None:
     number, lease_id = a_dead_worker_s_trial(storage)
     other = a_worker(storage, "host-a:1:1")
-    assert other.recover() == 0  # first sight of the lease's beats
-    assert other.recover() == 1  # unchanged since: dead
+    assert other.recover() == Recovered(trials=0, retries=0)  # first sight of the lease's beats
+    assert other.recover() == Recovered(trials=1, retries=1)  # unchanged since: dead
 
     assert after(storage, number, lease_id) == ("FAIL", NOTE, NOTE, [("queued", 1)])
 
@@ -190,7 +190,28 @@ def test_a_worker_that_finds_the_trial_orphaned_first_leaves_the_same_database(s
     lease = next(x for x in a.store.leases("races") if x.id == lease_id)
     why = "worker host-b:7:7 stopped heartbeating for 0s"
     assert a.store.fail_if_silent(lease.id, lease.beats, failure_note(lease, why))  # A's recover, part 1
-    assert b.recover() == 1  # B: a RUNNING trial whose lease ended
+    assert b.recover() == Recovered(trials=1, retries=0)  # B: a RUNNING trial whose lease ended
     a._after_failure(lease, failure_note(lease, why))  # A's recover, part 2: the trial is failed already
 
     assert after(storage, number, lease_id) == ("FAIL", NOTE, NOTE, [("queued", 1)])
+
+
+def test_a_worker_that_died_before_asking_its_trial_leaves_a_retry_and_no_trial_to_fail(storage) -> None:
+    """A worker claimed a configuration and died before asking its trial (a driver killed between the
+    two: a CI run of tests/cluster/test_ray_cluster.py's resume test said "3 interrupted trial(s)" where
+    two trials had failed). The count says what was failed and what was queued, each as it is."""
+    store = open_store(storage)
+    lease = store.claim("races", LeaseKind.TRIAL, 8, "none", 0, "host-b:7:7", "cuda:0")
+    assert lease is not None
+    number, _ = a_dead_worker_s_trial(storage)
+    other = a_worker(storage, "host-a:1:1")
+    assert other.recover() == Recovered(trials=0, retries=0)  # first sight of the leases' beats
+
+    recovered = other.recover()
+
+    assert recovered == Recovered(trials=1, retries=2)
+    assert str(recovered) == "1 interrupted trial(s) failed; 2 configuration(s) queued for one retry"
+    assert str(Recovered(trials=2, retries=2)) == "2 interrupted trial(s) failed and queued for one retry"
+    assert worker_s_view(storage).trials[number].state is TrialState.FAIL
+    queued = [(x.batch_size, x.plan, x.attempt) for x in store.leases("races") if x.state == "queued"]
+    assert sorted(queued) == [(8, "none", 1), (16, "all", 1)]
