@@ -33,7 +33,8 @@ it can never be the answer either, and its speed only shapes the line other conf
 A reading whose own steps spread by more than SHAKY while a neighbour was at work is *shaky*
 (:func:`is_shaky`): one of the reference plan below its largest batch, read once, is read again before the
 search values another plan or a larger batch on the line through it (:func:`shaky`), and a shaky search
-reading slower than a steady one of its configuration is left out (:func:`shaken`).
+reading slower than a steady one of its configuration is left out, as is a busy reading slower beyond both
+intervals than a quiet one of its configuration (:func:`outrun`).
 """
 
 from __future__ import annotations
@@ -124,8 +125,10 @@ def _intervals(rs: Sequence[TrialRecord]) -> list[Interval]:
 
 
 def disagreeing(records: list[TrialRecord], config: Configuration) -> bool:
-    """Whether ``config``'s readings disagree (see :func:`disagree`)."""
-    return disagree(_intervals(readings(records, config)))
+    """Whether ``config``'s readings disagree (see :func:`disagree`), those load slowed below a steadier or
+    quieter one of it left out (:func:`outrun`)."""
+    out = outrun(records)
+    return disagree(_intervals([r for r in readings(records, config) if r.number not in out]))
 
 
 def overruled(records: Iterable[TrialRecord]) -> set[int]:
@@ -156,7 +159,7 @@ def contradicted(records: list[TrialRecord], skip: Iterable[Configuration] = ())
     """A configuration whose readings disagree and that may be measured again (fewest readings first); not
     one in ``skip`` (:func:`slowed`: a larger batch of its plan is faster whatever its readings say)."""
     configs = {r.config for r in records if r.config is not None} - set(skip)
-    out = shaken(records)
+    out = outrun(records)
     found = []
     for config in configs:
         rs = [r for r in readings(records, config) if r.number not in out]
@@ -175,27 +178,37 @@ def is_shaky(record: TrialRecord) -> bool:
     return busy > LOADED and record.load.neighbour
 
 
-def shaken(records: Iterable[TrialRecord]) -> set[int]:
-    """The numbers of the shaky search readings (:func:`is_shaky`) slower than another reading of their
-    configuration that is not: load only slows, so the steadier one stands for it, and the two are no
-    disagreement to measure a third time, nor a spread between trials that widens every other
-    configuration's hopes (ThroughputModel.between). A verification's readings are never left out: side
-    by side, they are what :func:`overruled` and verify.choose rest on."""
+def outrun(records: Iterable[TrialRecord]) -> set[int]:
+    """The numbers of the search readings that load slowed below another reading of their configuration:
+    a shaky one (:func:`is_shaky`) slower than one that is not, and one a busy machine took
+    (:func:`disturbed`) that disagrees with, and is slower than, each quiet reading of it (neither shaky
+    nor disturbed; :func:`disagree`). Load only slows, so the faster one stands for the configuration;
+    the two are no disagreement to measure a third time, nor a spread between trials that widens every
+    other configuration's hopes (ThroughputModel.between). A verification's readings are never left out:
+    side by side, they are what :func:`overruled` and verify.choose rest on.
+
+    Measured (issue 42, beside four bursting neighbours): examples/gpt.py's none@32 read 9.3 samples/s
+    (±2%, steady, its steps all slowed alike), 94.7 in a quiet moment and 17.8 ±29%; the median of the
+    three, 17.8, put none@32 below none@4's 63.2, their spread (2.4x) made every plan at batch 48 look able
+    to win, and the search measured two of them (12-15 s each) before its verification read none@32 again."""
     records = list(records)
+    busy = disturbed(records)
     out: set[int] = set()
     for config in {r.config for r in records if r.config is not None}:
         rs = readings(records, config)
-        steady = [r.throughput.low for r in rs if r.throughput is not None and not is_shaky(r)]
-        if not steady:
-            continue
-        out |= {
-            r.number
-            for r in rs
-            if r.kind is not TrialKind.VERIFICATION
-            and is_shaky(r)
-            and r.throughput is not None
-            and r.throughput.mid < min(steady)
-        }
+        steady = [r.throughput for r in rs if r.throughput is not None and not is_shaky(r)]
+        quiet = [
+            r.throughput for r in rs if r.throughput is not None and not is_shaky(r) and r.number not in busy
+        ]
+        slowest = min(quiet, key=lambda i: i.mid, default=None)
+        for r in rs:
+            speed = r.throughput
+            if r.kind is TrialKind.VERIFICATION or speed is None:
+                continue
+            if is_shaky(r) and steady and speed.mid < min(i.low for i in steady):
+                out.add(r.number)
+            elif r.number in busy and slowest is not None and speed.mid < slowest.mid:
+                out |= {r.number} if disagree([speed, slowest]) else set()
     return out
 
 
@@ -231,8 +244,16 @@ def _longer_step(speeds: Mapping[Configuration, Interval], slow: Configuration, 
     return slow.batch_size * _edge(speeds, other, -1) > other.batch_size * _edge(speeds, slow, +1)
 
 
+def _falls(speeds: Mapping[Configuration, Interval], slow: Configuration, small: Configuration) -> bool:
+    """Whether ``slow`` read fewer samples/s than ``small``, a smaller batch of its plan, beyond both
+    readings' noise (each at least ±ORDER_FLOOR)."""
+    return _edge(speeds, slow, +1) < _edge(speeds, small, -1)
+
+
 def slowed(
-    speeds: Mapping[Configuration, Interval], fitting: Iterable[Configuration]
+    speeds: Mapping[Configuration, Interval],
+    fitting: Iterable[Configuration],
+    busy: Iterable[Configuration] = (),
 ) -> frozenset[Configuration]:
     """The configurations whose readings a busy machine must have slowed and that can never be the answer:
     a longer step than a larger batch of the same plan that fits (:func:`_longer_step`). That larger batch
@@ -241,19 +262,25 @@ def slowed(
     four bursting neighbours, none@1 read 1.3 samples/s against none@4's 45.1, was measured twice more in
     processes of its own (a warm process on the CPU takes no smaller batch) at 10.3 and 26.5, and that spread
     became the between-trial noise that let Block:1@48 and Block:0.75@48 look able to win: four trials of
-    the run's nine, and none@32 answered."""
-    fits = set(fitting)
-    return frozenset(
-        slow
-        for slow in speeds
-        if any(
-            other.plan == slow.plan
-            and other.batch_size > slow.batch_size
-            and _longer_step(speeds, slow, other)
-            for other in fits
-            if other in speeds
-        )
-    )
+    the run's nine, and none@32 answered.
+
+    So is one read only on a busy machine (``busy``) that read fewer samples/s than a smaller batch of its
+    plan (beyond both readings' noise), where a larger batch of its plan fits: samples/s does not fall with
+    the batch where memory is not the limit (throughput_model.dominates), and load only slows. Issue 42:
+    beside four bursting neighbours, examples/gpt.py's none@4 read 18.2 (its one reading, busy) where
+    none@1 read 40.0 quiet and none@32 94.7; the line through the three had a fixed step four times the
+    quiet one's, valued the plans at batch 48 above none@32, and three of them were measured (13-22 s
+    each) before the verification."""
+    fits, busy = set(fitting), set(busy)
+
+    def slowed_(slow: Configuration) -> bool:
+        larger = [o for o in fits if o.plan == slow.plan and o.batch_size > slow.batch_size]
+        if any(_longer_step(speeds, slow, other) for other in larger if other in speeds):
+            return True
+        smaller = [o for o in speeds if o.plan == slow.plan and o.batch_size < slow.batch_size]
+        return bool(larger) and slow in busy and any(_falls(speeds, slow, small) for small in smaller)
+
+    return frozenset(slow for slow in speeds if slowed_(slow))
 
 
 def unanswerable(records: list[TrialRecord], limit: int) -> frozenset[Configuration]:
@@ -303,10 +330,10 @@ def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> 
     """The decider to measure again before the search may stop (None: they are settled): one read only on
     a busy machine (or where the kernel gives no CPU pressure), or whose readings disagree; the one read
     least often first, so that two deciders are measured interleaved."""
-    busy = disturbed(records)
+    busy, out = disturbed(records), outrun(records)
     needing = []
     for order, config in enumerate(dict.fromkeys(deciders)):
-        rs = readings(records, config)
+        rs = [r for r in readings(records, config) if r.number not in out]
         if not rs or in_flight(records, config):
             continue
         unsure = any(r.number in busy or (r.load is not None and r.load.reading_pressure is None) for r in rs)

@@ -48,12 +48,13 @@ from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import (
     contradicted,
+    disturbed,
     in_flight,
     next_attempt,
     out_of_order,
+    outrun,
     overruled,
     read_busy,
-    shaken,
     shaky,
     slowed,
     unanswerable,
@@ -143,11 +144,12 @@ def speed_of(
     (autotune.search.noise.overruled) and, given the ``limit``, those of a configuration a busy machine
     slowed below a larger batch of its plan that fits (autotune.search.noise.slowed) and those of a
     configuration over the limit whose readings disagree (noise.unanswerable): the model's ``slowed``; nor
-    a shaky search reading that a steadier one of its configuration outruns (noise.shaken)."""
+    a search reading that load slowed below a steadier or quieter one of its configuration (noise.outrun)."""
     records = list(records)
-    out = overruled(records) | shaken(records)
+    out = overruled(records) | outrun(records)
+    busy = disturbed(records)
     found = [
-        Reading(r.batch_size, r.plan, speed)
+        Reading(r.batch_size, r.plan, speed, r.number in busy)
         for r in records
         if r.number not in out
         and r.kind in (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)
@@ -160,7 +162,8 @@ def speed_of(
     if limit is None:
         return model
     fitting = {r.config for r in records if r.config is not None and r.fits(limit)}
-    left_out = slowed(model.pooled, fitting) | unanswerable(records, limit)
+    busy_only = {c for c in model.pooled if all(r.busy for r in found if (r.batch_size, r.plan) == c)}
+    left_out = slowed(model.pooled, fitting, busy_only) | unanswerable(records, limit)
     if not left_out:
         return model
     kept = [r for r in found if Configuration(r.batch_size, r.plan) not in left_out]

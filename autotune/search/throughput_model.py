@@ -59,6 +59,7 @@ class Reading:
     batch_size: int
     plan: str
     throughput: Interval  # samples/s
+    busy: bool = False  # a busy machine took it (autotune.search.noise.disturbed): load only slows
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class ThroughputModel:
     # configurations left out of the fit: a busy machine slowed their readings (autotune.search.noise.slowed),
     # or they are over the limit and their readings disagree (noise.unanswerable)
     slowed: frozenset[Configuration] = frozenset()
+    # plans (not the reference) read only on a busy machine: their overhead is predicted from those
+    # readings but bounds nothing (:meth:`least_overhead`)
+    read_busy: frozenset[str] = frozenset()
 
     @classmethod
     def fit(
@@ -110,6 +114,7 @@ class ThroughputModel:
         for r in readings:
             grouped[Configuration(r.batch_size, r.plan)].append(r.throughput)
         configs = {key: p for key, values in grouped.items() if (p := pooled(values)) is not None}
+        quiet = {r.plan for r in readings if not r.busy}
         by_plan: dict[str, dict[int, Interval]] = defaultdict(dict)
         for (batch, plan), speed in configs.items():
             by_plan[plan][batch] = speed
@@ -128,6 +133,7 @@ class ThroughputModel:
             transfer=moves,
             pooled=configs,
             between=between_trials(list(grouped.values())),
+            read_busy=frozenset(p for p in by_plan if p != reference and p not in quiet),
         )
         measured = {
             plan: found
@@ -206,7 +212,11 @@ class ThroughputModel:
         read none@1 15% slow under load (its step nearly as long as at 24), the flattest line then had
         almost no per-sample time, and B:1 at 4x the work was valued 1,147 samples/s at 128, above
         A:1@64's 985, and measured first."""
-        found = [e.low for p, e in self.extra.items() if p == plan or plan_recomputes_at_least(plan, p)]
+        found = [
+            e.low
+            for p, e in self.extra.items()
+            if (p == plan or plan_recomputes_at_least(plan, p)) and p not in self.read_busy
+        ]
         if not found:
             return None
         least = max(found)
@@ -214,13 +224,16 @@ class ThroughputModel:
 
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
-        less than what a plan it recomputes at least as much as was measured at; unmeasured, its probe's
+        less than what a plan it recomputes at least as much as was measured at; unmeasured, or read only on
+        a busy machine (``read_busy``: load only slows, so such readings bound the overhead from above, not
+        below; issue 42: examples/gpt.py's Block:0.25@32 read 79 beside four bursting neighbours), its probe's
         forward share times FORWARD_SHARE_OF_STEP, and for a plan per rank the least of its entries' (every
         rank applying its lightest entry recomputes no more); 0 for the reference plan and anything unknown.
         Against ``none`` it is never negative."""
         if plan == self.reference:
             return 0.0
-        own = self.overhead.get(plan)
+        bounding = {p: o for p, o in self.overhead.items() if p not in self.read_busy}
+        own = bounding.get(plan)
         # unknown for own:off: it may skip a whole forward's recompute (a bound, as FORWARD_SHARE_OF_STEP is);
         # a sharding that reshards less skips an all-gather per block in backward: the same bound
         share = self.forward_shares.get(plan, -1.0 if _may_beat_none(plan) else 0.0)
@@ -234,7 +247,7 @@ class ThroughputModel:
             least = min(self.least_overhead(entry) for entry in dict.fromkeys(plan.split("|")))
         if own is None and plan in self.transfer:
             least = max(least, self._transfer_overhead(plan))
-        for other, measured in self.overhead.items():
+        for other, measured in bounding.items():
             if other != plan and plan_recomputes_at_least(plan, other):
                 least = max(least, measured.low)
         return max(least, 0.0) if self.reference == "none" and not _may_beat_none(plan) else least
