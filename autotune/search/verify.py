@@ -145,14 +145,14 @@ def _verify_lease(search: Search, lease: Lease, settings: TrialSettings) -> Best
             _failed(search, lease, leader)
             return None
         records = records_of(search.study)  # with the verification
-        disproved = _disproved(search, leader, result, records)
+        overtaken = _disproved(search, leader, result, records)
         contradicted = noise.disagreeing(records, leader)
-        if not disproved and not contradicted:
+        if not overtaken and not contradicted:
             return _store(search, lease, leader, records)
         rivals_ = challengers(leader, _fitting_configs(search, records), records, search.forward_shares)
         named = " and ".join(_name(c) for c in rivals_)
-        if disproved:
-            why = f"below {_name(disproved)}'s interval"
+        if overtaken:
+            why = f"below {_name(overtaken)}'s interval"
         else:  # its own readings disagree: nothing is answered from them
             why = "which its search reading contradicts (the machine was busy for one of them)"
         search.reporter.note(
@@ -270,7 +270,9 @@ def _decided(
     nothing else, so a round more buys nothing (issue 42's heavy demo measured none@32 five times for
     --trials 10, with none@24 and Block:0.25@32 beside it); so does a round of one contender measured in the
     place of a leader it dominates (``in_place_``: :func:`in_place`), which is the answer where it fits
-    whatever it reads."""
+    whatever it reads; and so does a round of a lone leader measured again because its own readings
+    disagreed (what it dominates left out of the round: :func:`_verify_lease`): a busy reading more moves
+    the speed reported, and the certainty line already says the machine was busy, not the answer."""
     if noise.disturbed(records) & latest:
         top = _undominated(contenders)
         if len(contenders) > 1 and len(top) == 1:
@@ -282,6 +284,11 @@ def _decided(
             return (
                 f"the machine was busy, and {_name(contenders[0])} dominates the leader by the throughput "
                 "model's structure (readings taken busy order nothing else)"
+            )
+        if len(contenders) == 1:
+            return (
+                "the machine was busy, and one contender is left: a reading more would move the speed "
+                "reported, not the answer"
             )
         return None
     if len(contenders) < 2:  # its own readings disagreed: a third, undisturbed, makes their median
@@ -442,10 +449,22 @@ def rivals(
 def _disproved(
     search: Search, leader: Configuration, result: TrialResult, records: list[TrialRecord]
 ) -> Configuration | None:
-    """The best other configuration whose interval lies above the leader's verified reading, if any."""
-    verified = result.throughput
-    for config, speed in _fitting_configs(search, records):
-        if config != leader and verified is not None and verified.high < speed.low:
+    return disproved(leader, result.throughput, _fitting_configs(search, records))
+
+
+def disproved(
+    leader: Configuration, verified: Interval | None, ranked: list[tuple[Configuration, Interval]]
+) -> Configuration | None:
+    """The best other configuration (``ranked``: the fitting ones with their readings, fastest first) whose
+    interval lies above the leader's ``verified`` reading, if any; not one the leader dominates by the
+    throughput model's structure (:func:`dominates`): that one reading faster says the leader's reading was
+    slowed, which :func:`noise.disagreeing` asks about. Issue 42: beside four bursting neighbours,
+    examples/gpt.py's none@32 verified at 14.0 (94.7 in its search) was "below Block:0.25@32's interval"
+    (73.5), a plan recomputing a quarter of the blocks at the same batch."""
+    for config, speed in ranked:
+        if config == leader or dominates(leader, config):
+            continue
+        if verified is not None and verified.high < speed.low:
             return config
     return None
 
@@ -464,16 +483,23 @@ def challengers(
     larger batch, ``none`` at the same batch), the likeliest first. Not the next by its raw reading: on a
     busy machine that is another reading taken in a quiet gap.
 
+    Where a busy machine took a reading of the leader, none it dominates is a rival: :func:`choose` drops
+    it from a busy round, and a quiet one reads it no faster than the leader (which fits).
+
     Measured (issue 42): the demo's none@4, read at 103 in a quiet gap, verified at 10; its rival by raw
     reading was none@1 (40.6, another gap), and none@32, read twice at 23, was never compared: none@4 was
-    answered at half of none@32's speed."""
+    answered at half of none@32's speed. And beside four bursting neighbours, examples/gpt.py's none@32,
+    read 9.3, 23.7 and 90.6, was measured in a second round beside none@4 and none@1 (10-15 s each)."""
     verified = _readings(records).get(leader)
     floor = verified.low if verified is not None else 0.0
     model = speed_of(records, forward_shares)
     fitting = [c for c, _ in ranked]
     likely: dict[Configuration, float] = {}
+    busy = _loaded(records, [leader])
     for config, reading in ranked:
         estimate = max(reading.mid, model.predict(*config) or 0.0)
+        if busy and dominates(leader, config):
+            continue
         if config != leader and max(reading.high, estimate) >= floor:
             likely[config] = estimate
     undominated = {c for c in likely if not any(dominates(o, c) for o in fitting if o != c)}
