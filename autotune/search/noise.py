@@ -333,11 +333,12 @@ def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> 
     busy, out = disturbed(records), outrun(records)
     needing = []
     for order, config in enumerate(dict.fromkeys(deciders)):
-        rs = [r for r in readings(records, config) if r.number not in out]
+        rs = readings(records, config)
         if not rs or in_flight(records, config):
             continue
         unsure = any(r.number in busy or (r.load is not None and r.load.reading_pressure is None) for r in rs)
-        if (len(rs) < 2 and unsure) or (len(rs) < MAX_READINGS and disagree(_intervals(rs))):
+        kept = _intervals([r for r in rs if r.number not in out])  # those load slowed below another left out
+        if (len(rs) < 2 and unsure) or (len(rs) < MAX_READINGS and disagree(kept)):
             needing.append((len(rs), order, config))
     return min(needing)[2] if needing else None
 

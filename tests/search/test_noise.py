@@ -217,6 +217,26 @@ def test_a_busy_leader_is_neither_disproved_by_nor_measured_again_beside_what_it
     assert challengers(leader, ranked, quiet) == [larger, small]
 
 
+def test_a_busy_leader_contradicted_by_its_own_readings_alone_is_answered_without_another() -> None:
+    """bench/results/robustness-gpt-heavy-d54d3e5-cpu.txt's 96 s run: none@32 read 76.2 in its search and
+    24.8 verified, both beside four bursting neighbours; it dominates every other fitting configuration, so
+    it had no rival, and it was verified again alone (24.1: 19 s) to make a median of three that moves the
+    speed reported, not the answer. Nothing overtook it, nothing is its rival, a busy machine took its
+    readings: it is answered. On a quiet machine, or with a rival, it is measured again as before."""
+    from autotune.search.propose import Configuration
+    from autotune.search.verify import settled_alone
+
+    leader = Configuration(32, "none")
+    v = TrialKind.VERIFICATION
+    busy = [_under(0.83, _reading(0, 32, "none", 76.2)), _under(0.78, _reading(1, 32, "none", 24.8, v))]
+    busy.insert(0, _under(0.01, _reading(2, 1, "none", 36.6)))
+    assert settled_alone(leader, None, [], busy)
+    assert not settled_alone(leader, None, [Configuration(48, "A:1")], busy)
+    assert not settled_alone(leader, Configuration(48, "A:1"), [], busy)
+    quiet = [_under(0.01, r) for r in busy]
+    assert not settled_alone(leader, None, [], quiet)
+
+
 def test_one_run_left_for_a_leader_and_its_rival_reads_the_one_chosen_from_the_readings_alone(
     tmp_path,
 ) -> None:
