@@ -205,10 +205,10 @@ def outrun(records: Iterable[TrialRecord]) -> set[int]:
             speed = r.throughput
             if r.kind is TrialKind.VERIFICATION or speed is None:
                 continue
-            if is_shaky(r) and steady and speed.mid < min(i.low for i in steady):
+            shaken = is_shaky(r) and bool(steady) and speed.mid < min(i.low for i in steady)
+            busier = r.number in busy and slowest is not None and speed.mid < slowest.mid
+            if shaken or (busier and slowest is not None and disagree([speed, slowest])):
                 out.add(r.number)
-            elif r.number in busy and slowest is not None and speed.mid < slowest.mid:
-                out |= {r.number} if disagree([speed, slowest]) else set()
     return out
 
 
@@ -273,14 +273,14 @@ def slowed(
     each) before the verification."""
     fits, busy = set(fitting), set(busy)
 
-    def slowed_(slow: Configuration) -> bool:
+    def is_slowed(slow: Configuration) -> bool:
         larger = [o for o in fits if o.plan == slow.plan and o.batch_size > slow.batch_size]
         if any(_longer_step(speeds, slow, other) for other in larger if other in speeds):
             return True
         smaller = [o for o in speeds if o.plan == slow.plan and o.batch_size < slow.batch_size]
         return bool(larger) and slow in busy and any(_falls(speeds, slow, small) for small in smaller)
 
-    return frozenset(slow for slow in speeds if slowed_(slow))
+    return frozenset(slow for slow in speeds if is_slowed(slow))
 
 
 def unanswerable(records: list[TrialRecord], limit: int) -> frozenset[Configuration]:
