@@ -206,8 +206,13 @@ def outrun(records: Iterable[TrialRecord]) -> set[int]:
             if r.kind is TrialKind.VERIFICATION or speed is None:
                 continue
             shaken = is_shaky(r) and bool(steady) and speed.mid < min(i.low for i in steady)
-            busier = r.number in busy and slowest is not None and speed.mid < slowest.mid
-            if shaken or (busier and slowest is not None and disagree([speed, slowest])):
+            busier = (
+                slowest is not None
+                and r.number in busy
+                and speed.mid < slowest.mid
+                and disagree([speed, slowest])
+            )
+            if shaken or busier:
                 out.add(r.number)
     return out
 

@@ -99,7 +99,7 @@ class ThroughputModel:
     slowed: frozenset[Configuration] = frozenset()
     # plans (not the reference) read only on a busy machine: their overhead is predicted from those
     # readings but bounds nothing (:meth:`least_overhead`)
-    read_busy: frozenset[str] = frozenset()
+    busy_plans: frozenset[str] = frozenset()
 
     @classmethod
     def fit(
@@ -133,7 +133,7 @@ class ThroughputModel:
             transfer=moves,
             pooled=configs,
             between=between_trials(list(grouped.values())),
-            read_busy=frozenset(p for p in by_plan if p != reference and p not in quiet),
+            busy_plans=frozenset(p for p in by_plan if p != reference and p not in quiet),
         )
         measured = {
             plan: found
@@ -215,7 +215,7 @@ class ThroughputModel:
         found = [
             e.low
             for p, e in self.extra.items()
-            if (p == plan or plan_recomputes_at_least(plan, p)) and p not in self.read_busy
+            if (p == plan or plan_recomputes_at_least(plan, p)) and p not in self.busy_plans
         ]
         if not found:
             return None
@@ -225,14 +225,14 @@ class ThroughputModel:
     def least_overhead(self, plan: str) -> float:
         """The smallest overhead ``plan`` may have against the reference plan: what its readings allow, no
         less than what a plan it recomputes at least as much as was measured at; unmeasured, or read only on
-        a busy machine (``read_busy``: load only slows, so such readings bound the overhead from above, not
+        a busy machine (``busy_plans``: load only slows, so such readings bound the overhead from above, not
         below; issue 42: examples/gpt.py's Block:0.25@32 read 79 beside four bursting neighbours), its probe's
         forward share times FORWARD_SHARE_OF_STEP, and for a plan per rank the least of its entries' (every
         rank applying its lightest entry recomputes no more); 0 for the reference plan and anything unknown.
         Against ``none`` it is never negative."""
         if plan == self.reference:
             return 0.0
-        bounding = {p: o for p, o in self.overhead.items() if p not in self.read_busy}
+        bounding = {p: o for p, o in self.overhead.items() if p not in self.busy_plans}
         own = bounding.get(plan)
         # unknown for own:off: it may skip a whole forward's recompute (a bound, as FORWARD_SHARE_OF_STEP is);
         # a sharding that reshards less skips an all-gather per block in backward: the same bound

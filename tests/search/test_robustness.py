@@ -566,7 +566,7 @@ def test_a_plan_read_only_on_a_busy_machine_bounds_no_overhead() -> None:
     busy = [Reading(1, "none", Interval(24.0, 24.4, 24.8)), Reading(32, "none", none32)]
     busy.append(Reading(32, "A:1", plan32, busy=True))
     model = ThroughputModel.fit(busy, {"A:1": 0.5})
-    assert model.read_busy == {"A:1"}
+    assert model.busy_plans == {"A:1"}
     assert model.least_overhead("A:1") == pytest.approx(0.5 * FORWARD_SHARE_OF_STEP)
     assert model.least_extra("A:1") is None
     quiet = ThroughputModel.fit([*busy[:2], Reading(32, "A:1", plan32)], {"A:1": 0.5})
