@@ -24,7 +24,15 @@ from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.results.listing import not_run_line
 from autotune.runtime.inputs import varied_lengths
-from autotune.search.records import TrialKind, TrialRecord, lengths_of, phase_peaks_of
+from autotune.search.records import (
+    Configuration,
+    KeptOut,
+    TrialKind,
+    TrialRecord,
+    kept_out_by_headroom,
+    lengths_of,
+    phase_peaks_of,
+)
 from autotune.trials.command import SCRIPT_SUFFIXES
 from autotune.trials.settle import SETTLE_WINDOW
 
@@ -68,6 +76,7 @@ def tuned(out: Console, result: TuneResult, command: Sequence[str], budget: str,
                     + _rising_text(result),
                 ),
                 ("throughput", speed_text(best.throughput, best.readings)),
+                *([("headroom", kept)] if (kept := _kept_out_text(result)) else []),
                 *([("certainty", best.certainty)] if best.certainty else []),
                 *([("inputs", inputs)] if (inputs := _inputs_text(result, lengths)) else []),
                 *([("phases", _phases_text(phases))] if phases else []),
@@ -105,6 +114,32 @@ def _over_limit_text(result: TuneResult) -> str:
         "all within the budget" if max(peaks) <= result.budget_bytes else "the largest over the budget too"
     )
     return f"; {over} of its {len(peaks)} readings passed the limit, {within}: the memory noise the headroom is for"
+
+
+def _kept_out(result: TuneResult) -> KeptOut | None:
+    """A faster configuration that only the headroom kept out (records.kept_out_by_headroom)."""
+    best = result.best
+    return kept_out_by_headroom(
+        result.records,
+        Configuration(best.batch_size, best.plan),
+        best.throughput,
+        result.limit_bytes,
+        result.budget_bytes,
+    )
+
+
+def _kept_out_text(result: TuneResult) -> str | None:
+    """What a faster configuration only the headroom kept out read, and the ``--headroom`` under which it
+    could be the answer."""
+    best, kept = result.best, _kept_out(result)
+    if kept is None:
+        return None
+    return (
+        f"{kept.config.plan}@{kept.config.batch_size} read {kept.speed:,.1f} samples/s, "
+        f"{kept.speed / best.throughput.mid:.2f}x the answer, at a peak of {format_bytes(kept.peak)}: over the "
+        f"limit, within the budget; with --headroom {kept.headroom:.0%} it could be the answer (the headroom "
+        "is room for the memory noise and for a longer job's peak)"
+    )
 
 
 def _rising_text(result: TuneResult) -> str:
@@ -242,9 +277,23 @@ def as_json_text(result: TuneResult) -> str:
             "lengths": lengths_of(result.records, (result.best.batch_size, result.best.plan)),
             "max_seq_len": result.max_seq_len,
             "phase_peaks": phase_peaks_of(result.records, (result.best.batch_size, result.best.plan)) or None,
+            "kept_out_by_headroom": _kept_out_json(result),
             "trials": [r.__dict__ for r in result.records],
         }
     )
+
+
+def _kept_out_json(result: TuneResult) -> dict[str, object] | None:
+    kept = _kept_out(result)
+    if kept is None:
+        return None
+    return {
+        "batch_size": kept.config.batch_size,
+        "plan": kept.config.plan,
+        "samples_per_sec": kept.speed,
+        "peak_bytes": kept.peak,
+        "headroom": kept.headroom,
+    }
 
 
 def _inputs_text(result: TuneResult, lengths: tuple[int, int] | None) -> str | None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+import statistics
 from pathlib import Path
 
 import optuna
@@ -29,10 +31,12 @@ from autotune.search.propose import Finished, Proposal, model_of, propose, speed
 from autotune.search.records import (
     REMEASURE,
     Configuration,
+    KeptOut,
     ProposedBy,
     TrialKind,
     TrialRecord,
     best_record,
+    kept_out_by_headroom,
     peak_verdict,
 )
 from autotune.search.space import SearchSpace, parse_batch_sizes
@@ -212,6 +216,72 @@ def test_a_verification_peak_over_the_limit_among_readings_under_it_is_measured_
     assert len(read) == verified + sum(r.kind is TrialKind.MEASURED for r in read) - 1
     assert data["readings"] == len([r for r in read if r.number not in overruled(records)])
     assert peak_verdict(records, (24, "none"), limit) is True
+
+
+def test_a_faster_configuration_only_the_headroom_kept_out_is_said_with_the_headroom_that_admits_it(
+    tmp_path,
+) -> None:
+    """none@16 holds 110 MiB more than the rest: over the limit (200 MiB less 30%), within the budget, and
+    1.6x none@8's speed. The run answers none@8 and says what none@16 read and the --headroom under which it
+    could be the answer: the largest whole percent its peak fits under. Fails before kept_out_by_headroom
+    (no such field, no such line: the table was the only place that said so)."""
+    options = "--budget 200MiB --headroom 30% --trials 10 --plans none --batch-sizes 1,2,4,8,16"
+    options += " --steps 3 --warmup-steps 1 --device cpu"
+    extra = ",".join(f"16:none#{n}=110" for n in range(3))
+    script = "--base-mib 20 --per-sample-mib 1 --step-seconds 0.005 --per-sample-seconds 0.0002".split()
+    data = tune(tmp_path, options, *script, "--extra-mib", extra)
+    assert (data["batch_size"], data["plan"]) == (8, "none")
+    records = trials(tmp_path)
+    peak = statistics.median(r.peak_bytes for r in records if r.config == (16, "none") and r.measured)
+    speed = statistics.median(r.samples_per_sec for r in records if r.config == (16, "none") and r.measured)
+    room = math.floor(round((1 - peak / (200 * MiB)) * 100, 6)) / 100
+    assert 0.01 <= room < 0.30  # over the limit, within the budget: the script holds it there
+    assert data["kept_out_by_headroom"] == {
+        "batch_size": 16,
+        "plan": "none",
+        "samples_per_sec": speed,
+        "peak_bytes": int(peak),
+        "headroom": room,
+    }
+    out = CliRunner().invoke(
+        cli,
+        ["run", *options.split(), "--study", "s", "--cache-dir", str(tmp_path), str(SYNTHETIC), "--", *script,
+         "--extra-mib", extra, "--state-dir", str(tmp_path / "state")],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    # the same job again: answered from the database, and the line with it
+    assert f"with --headroom {room:.0%} it could be the answer" in " ".join(out.output.split())
+
+
+def test_only_a_configuration_faster_beyond_the_answer_s_interval_and_within_the_budget_is_kept_out() -> None:
+    """What the headroom alone kept out: over the limit by the majority of its peaks, every peak within the
+    budget, faster than the answer beyond its interval and TIE, and under a headroom of 1% or more."""
+    budget, limit = 1000 * MiB, 950 * MiB
+    answer = Configuration(32, "none")
+
+    def read(number: int, batch: int, mib: float, speed: float) -> TrialRecord:
+        return TrialRecord(
+            number, "COMPLETE", TrialKind.MEASURED, batch, "none", Outcome.COMPLETE, int(mib * MiB), speed
+        )
+
+    fast = Interval(99.0, 100.0, 101.0)
+    ours = [read(0, 32, 900, 100.0)]
+    assert kept_out_by_headroom([*ours, read(1, 48, 960, 110.0)], answer, fast, limit, budget) == KeptOut(
+        Configuration(48, "none"), 110.0, 960 * MiB, 0.04
+    )
+    assert (
+        kept_out_by_headroom([*ours, read(1, 48, 960, 102.0)], answer, fast, limit, budget) is None
+    )  # a tie
+    assert kept_out_by_headroom([*ours, read(1, 48, 1010, 110.0)], answer, fast, limit, budget) is None
+    assert kept_out_by_headroom([*ours, read(1, 48, 995, 110.0)], answer, fast, limit, budget) is None  # < 1%
+    # fits by the majority of its peaks: not kept out (the search would have weighed it)
+    fitting = [read(1, 48, 940, 110.0), read(2, 48, 960, 110.0), read(3, 48, 945, 110.0)]
+    assert kept_out_by_headroom([*ours, *fitting], answer, fast, limit, budget) is None
+    # the fastest of those kept out
+    both = [read(1, 48, 960, 110.0), read(2, 64, 980, 120.0)]
+    assert kept_out_by_headroom([*ours, *both], answer, fast, limit, budget) == KeptOut(
+        Configuration(64, "none"), 120.0, 980 * MiB, 0.02
+    )
 
 
 MiB_ = MiB
