@@ -282,7 +282,7 @@ def test_a_stand_in_over_the_limit_leaves_the_leader_answered_not_failed(tmp_pat
 
 
 def test_a_leader_whose_stand_in_did_not_fit_is_answered_on_its_readings_where_no_run_is_left() -> None:
-    """bench/robustness.py's quiet examples/mlp.py run at 4ca4fc0 (700 MB, limit 634.19 MiB, --trials 10):
+    """bench/robustness.py's quiet examples/mlp.py run at 4408921 (700 MB, limit 634.19 MiB, --trials 10):
     with one run left, none@384 (732.3, dominating the leader none@256 at 777.0, the two not read side by
     side) was read alone in none@256's place at 635.95 MiB, over the limit, its search reading under it;
     none@256's verification was failed on that ("0 of its 1 peaks over the limit") and none@64 (594.7) was
