@@ -58,6 +58,15 @@ def burst(pressures: Sequence[float], steps: int) -> bool:
     return len(pressures) > len(quiet) and len(quiet) < MIN_QUIET_STEPS
 
 
+def busy_now(pressures: Sequence[float], steps: int) -> bool:
+    """Whether the last of the ``steps`` measured steps read more than STEP_LOADED above the quietest: a busy
+    moment has come (False where the pressure of each step is not known). The steps it slows are set aside
+    from the reading, so measuring through it tightens nothing (autotune.runtime.settling.measuring_on)."""
+    if len(pressures) != steps or not steps:
+        return False
+    return pressures[-1] > min(pressures) + STEP_LOADED
+
+
 def _near_quietest(pressures: Sequence[float]) -> list[int]:
     """The indices of the steps within STEP_LOADED of the quietest step's pressure."""
     floor = min(pressures) + STEP_LOADED

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.core.pressure import burst, quiet_rates
+from autotune.core.pressure import burst, busy_now, quiet_rates
 from autotune.core.protocol import read_settled
 from autotune.core.stats import median_interval
 from autotune.runtime.state import TrialState
@@ -44,18 +44,24 @@ def measuring_on(trial: TrialState) -> bool:
     ended) and its warm-up can still grow, outside a settling verification, the bound is what the trial has
     cost so far, its whole start-up, not a share of it: the slow steps then become warm-up
     (:func:`unsettled`) and the reading is the steady ones'. A trial a burst took all but a step or two of
-    (``burst``) measures on for up to BURST_WAIT seconds of steps, whatever its start-up. Not in a
-    multi-process job: each rank would decide alone, and one that stopped a step before another would leave
-    it waiting in a collective."""
+    (``burst``) measures on for up to BURST_WAIT seconds of steps, whatever its start-up; otherwise a busy
+    step ends the measuring on (``busy_now``): the reading sets aside the steps a busy moment slows, so
+    measuring through one tightens nothing (issue 42: examples/gpt.py at batch 1 beside four bursting
+    neighbours read six quiet steps of 0.02 s, then measured on through seven busy ones, 0.05-2.5 s each,
+    for 5.8 s; none of them entered its reading). Not in a multi-process job: each rank would decide alone,
+    and one that stopped a step before another would leave it waiting in a collective."""
     if not trial.request.tight or trial.rank is not None or not trial.step_seconds:
         return False
     spent = sum(trial.step_seconds)
     if spent >= trial.request.measure_cap:
         return False
-    if burst(trial.measured_pressure(), len(trial.step_seconds)) and spent < BURST_WAIT:
+    pressures = trial.measured_pressure()
+    if burst(pressures, len(trial.step_seconds)) and spent < BURST_WAIT:
         return True  # too few quiet steps to read a speed from: a little longer, for the burst to pass
+    if busy_now(pressures, len(trial.step_seconds)):
+        return False
     startup = max(trial.startup_seconds(), trial.process_startup)  # the process's start-up
-    rates = quiet_rates(trial.step_samples, trial.step_seconds, trial.measured_pressure())
+    rates = quiet_rates(trial.step_samples, trial.step_seconds, pressures)
     share = 1.0 if _slow_start_pending(trial, rates) else trial.request.measure_share
     if spent >= share * startup:
         return False

@@ -151,6 +151,28 @@ def test_a_trial_a_burst_took_all_but_one_step_of_measures_on_until_the_burst_pa
     assert result.samples_per_sec == 4 / sorted([steps[0], steps[6], steps[7]])[1]
 
 
+def test_a_busy_moment_ends_the_measuring_on_for_a_tighter_reading(synthetic, tmp_path, monkeypatch) -> None:
+    """Issue 42: examples/gpt.py at batch 1 beside four bursting neighbours read six quiet steps, wider than
+    `tight`, then measured on through seven busy ones for 5.8 s, none of which entered its reading. Here
+    noisy steps (±60%) are measured on for a tighter reading and from step 8 a burst takes every step: the
+    trial stops at the first busy step and reads its speed from the quiet ones, short of the quarter of its
+    start-up it could have spent."""
+    path = tmp_path / "cpu-pressure"
+    path.write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))
+    common = ("--startup-seconds", str(STARTUP), "--step-seconds", "0.05", "--noise", "0.6", "--seed", "1")
+    result = synthetic(4, *common, "--busy-steps", "8-60=4", measured_steps=5)  # step 0 is warm-up
+    assert result.outcome is Outcome.COMPLETE
+    steps = list(result.step_seconds)
+    assert noise(steps[:5], 4) > TIGHT  # five quiet steps were no reading: it measured on
+    assert len(steps) == 8  # steps 1-7 quiet, step 8 busy: it stopped there
+    assert result.load is not None and result.load.set_aside == 1
+    assert result.samples_per_sec == 4 / sorted(steps[:7])[3]  # the median of the quiet steps
+    assert sum(steps) < 0.25 * STARTUP
+
+
 def test_a_slow_start_of_several_steps_becomes_warm_up_and_the_steady_steps_are_the_reading(
     synthetic,
 ) -> None:
