@@ -61,7 +61,7 @@ BETWEEN_FLOOR = 0.07
 ORDER_FLOOR = 0.05
 # A reading whose own steps spread wider than this (relative half-width) on a busy machine is *shaky*: quiet
 # readings of examples/gpt.py agree to ±1-3%; beside four bursting neighbours its none@1 read 13.7 ±21% and
-# none@4 18.3 ±14%, a third and a quarter of their quiet speed (see :func:`shaky`).
+# none@4 18.3 ±14%, a third and a quarter of their quiet speed (see :func:`busy_anchor`).
 SHAKY = 0.10
 MAX_READINGS = 3  # a configuration is measured at most this often before the search stops questioning it
 REMEASURE_ATTEMPT = 2  # leases of re-measurements start here (0: the first trial, 1: its one retry)
@@ -217,24 +217,37 @@ def outrun(records: Iterable[TrialRecord]) -> set[int]:
     return out
 
 
-def shaky(records: list[TrialRecord], reference: str | None, largest: int) -> Configuration | None:
-    """A configuration of the reference plan below its largest batch size measured (``largest``) each of
-    whose readings, fewer than MAX_READINGS, is shaky (:func:`is_shaky`), the smallest batch size first.
-    The throughput line is fitted through such readings, and what it extrapolates to (a larger batch,
-    another plan) is valued on it: beside four bursting neighbours, examples/gpt.py read none@1 at 13.7
-    ±21% and none@4 at 18.3 ±14%, a third and a quarter of their quiet speed, and none@32 at its own, and
-    the line through them, as flat as a long fixed step makes it, valued every recompute plan at a batch
-    past none's frontier above none@32: the search measured four of them at batch 48 (10-23 s each there)
-    before its verification. One more reading of a small batch costs a few seconds; a plan's there, read
-    as busy, bounds nothing (ThroughputModel.busy_plans) and the next plan is measured in its turn. So a
-    second shaky reading is read a third time: at 410727f none@4 read 18.4 ±23% and 20.4 ±73% (94 quiet),
-    and four plans at batch 48 were measured, 14-24 s each, all busy, until --trials ran out (136 s)."""
+def busy_anchor(
+    records: list[TrialRecord],
+    reference: str | None,
+    largest: int,
+    left_out: Iterable[Configuration] = (),
+) -> Configuration | None:
+    """A configuration the throughput line is anchored on (the reference plan, up to its largest batch size
+    measured, ``largest``; not one the line leaves out, ``left_out``: ThroughputModel.slowed) that only a
+    busy machine read: each of its readings, fewer than MAX_READINGS, is shaky (:func:`is_shaky`) or was
+    taken busy (:func:`disturbed`); the smallest batch size first. What the line extrapolates to (a larger
+    batch, another plan) is valued on such readings, and load only slows: a small batch read slow makes
+    the step's fixed part look long and every larger batch look better, a largest batch read slow leaves
+    a plan past it room to climb. Beside four bursting neighbours, examples/gpt.py read none@1 at 13.7
+    ±21% and none@4 at 18.3 ±14%, a third and a quarter of their quiet speed, and none@32 at its own: the
+    line through them valued every recompute plan at a batch past none's frontier above none@32, and the
+    search measured four of them at batch 48 (10-23 s each there) before its verification. A plan's
+    reading there, taken busy, bounds nothing (ThroughputModel.busy_plans) and the next plan is measured in
+    its turn, while one more reading of a small batch costs a few seconds. At a3e620a (which read only
+    shaky readings again, and only below the largest batch) two runs measured two and five plans at batch
+    48, each read busy: one with none@4 read once at 27.0 ±10% (busy, steady: 94 quiet), 153 s; one with
+    none@32 read once at 21.6 ±34% (107 quiet), 108 s; quiet runs take 14-16 s."""
+    busy = disturbed(records)
+    left_out = set(left_out)
     found = []
     for config in {r.config for r in records if r.config is not None}:
-        if config.plan != reference or config.batch_size >= largest or in_flight(records, config):
+        if config.plan != reference or config.batch_size > largest or config in left_out:
+            continue
+        if in_flight(records, config):
             continue
         rs = readings(records, config)
-        if 0 < len(rs) < MAX_READINGS and all(is_shaky(r) for r in rs):
+        if 0 < len(rs) < MAX_READINGS and all(is_shaky(r) or r.number in busy for r in rs):
             found.append(config)
     return min(found, default=None)
 

@@ -47,6 +47,7 @@ from autotune.core.stats import Interval
 from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import (
+    busy_anchor,
     contradicted,
     disturbed,
     in_flight,
@@ -55,7 +56,6 @@ from autotune.search.noise import (
     outrun,
     overruled,
     read_busy,
-    shaky,
     slowed,
     unanswerable,
     unsettled,
@@ -232,10 +232,11 @@ def propose(
         return Proposal(*first, ProposedBy.FRONTIER, max(contenders, 1))
     best = max(candidates, key=value.promise, default=None)
     if best is not None and value.worth(best):
-        # valued on the line's extrapolation (another plan, or past the reference's largest batch): a shaky
-        # reading that shapes the line is read again first
+        # valued on the line's extrapolation (another plan, or past the reference's largest batch): a
+        # reading that shapes the line and only a busy machine took is read again first
         extrapolated = best.plan != speed.reference or best.batch_size > speed.largest
-        if extrapolated and (again := shaky(records, speed.reference, speed.largest)) is not None:
+        again = busy_anchor(records, speed.reference, speed.largest, speed.slowed) if extrapolated else None
+        if again is not None:
             return Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
         why = ProposedBy.FRONTIER if best.batch_size == frontier[best.plan] else ProposedBy.CANDIDATE
         return Proposal(*best, why, contenders)
