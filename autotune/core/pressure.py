@@ -27,6 +27,10 @@ PRESSURE_PATH = "/proc/pressure/cpu"
 PRESSURE_ENV = "AUTOTUNE_CPU_PRESSURE_PATH"
 STEP_LOADED = 0.05  # a step whose pressure is this much above its trial's quietest step's: a busy moment
 MIN_QUIET_STEPS = 3  # fewer quiet steps than this: the reading takes every step (and is disturbed)
+# A step that waited this share of its time for a CPU is a busy moment in itself (busy_now): the steps a
+# neighbour's burst overlapped read 0.43-1.0 here, while a quiet machine's 30-60 ms steps read up to 0.12 (the
+# tuner's own sampling, a few milliseconds of a short step) and stopped measuring on for nothing.
+STEP_BUSY = 0.25
 
 
 def pressure_total() -> int | None:
@@ -59,12 +63,13 @@ def burst(pressures: Sequence[float], steps: int) -> bool:
 
 
 def busy_now(pressures: Sequence[float], steps: int) -> bool:
-    """Whether the last of the ``steps`` measured steps read more than STEP_LOADED above the quietest: a busy
-    moment has come (False where the pressure of each step is not known). The steps it slows are set aside
-    from the reading, so measuring through it tightens nothing (autotune.runtime.settling.measuring_on)."""
+    """Whether the last of the ``steps`` measured steps read more than STEP_LOADED above the quietest, and
+    at least STEP_BUSY: a busy moment has come (False where the pressure of each step is not known). The
+    steps it slows are set aside from the reading, so measuring through it tightens nothing
+    (autotune.runtime.settling.measuring_on)."""
     if len(pressures) != steps or not steps:
         return False
-    return pressures[-1] > min(pressures) + STEP_LOADED
+    return pressures[-1] > min(pressures) + STEP_LOADED and pressures[-1] >= STEP_BUSY
 
 
 def _near_quietest(pressures: Sequence[float]) -> list[int]:

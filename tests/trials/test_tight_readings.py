@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from autotune.core.pressure import busy_now
 from autotune.core.protocol import Outcome
 from autotune.core.stats import median_interval
 from autotune.runtime.settling import shifted, slow_prefix, speeding_up
@@ -171,6 +172,16 @@ def test_a_busy_moment_ends_the_measuring_on_for_a_tighter_reading(synthetic, tm
     assert result.load is not None and result.load.set_aside == 1
     assert result.samples_per_sec == 4 / sorted(steps[:7])[3]  # the median of the quiet steps
     assert sum(steps) < 0.25 * STARTUP
+
+
+def test_what_counts_as_a_busy_moment_that_ends_the_measuring_on() -> None:
+    """A step more than STEP_LOADED above the quietest and at least STEP_BUSY: a burst here reads 0.43-1.0,
+    a quiet machine's 30-60 ms steps up to 0.12 (examples/mlp.py, quiet runs of bench/robustness.py at
+    7554af1, which stopped measuring on there for nothing). Unknown pressure is no busy moment."""
+    assert busy_now([0.01, 0.02, 0.01, 0.48], 4)
+    assert not busy_now([0.09, 0.01, 0.01, 0.03, 0.02, 0.1], 6)  # a quiet machine's short steps
+    assert not busy_now([0.5, 0.5, 0.52], 3)  # every step as busy: nothing came
+    assert not busy_now([0.01, 0.9], 3)  # a step's pressure unknown
 
 
 def test_a_slow_start_of_several_steps_becomes_warm_up_and_the_steady_steps_are_the_reading(
