@@ -221,7 +221,7 @@ def busy_anchor(
     records: list[TrialRecord],
     reference: str | None,
     largest: int,
-    left_out: Iterable[Configuration] = (),
+    left_out: frozenset[Configuration] = frozenset(),
 ) -> Configuration | None:
     """A configuration the throughput line is anchored on (the reference plan, up to its largest batch size
     measured, ``largest``; not one the line leaves out, ``left_out``: ThroughputModel.slowed) that only a
@@ -239,12 +239,10 @@ def busy_anchor(
     48, each read busy: one with none@4 read once at 27.0 ±10% (busy, steady: 94 quiet), 153 s; one with
     none@32 read once at 21.6 ±34% (107 quiet), 108 s; quiet runs take 14-16 s."""
     busy = disturbed(records)
-    left_out = set(left_out)
     found = []
     for config in {r.config for r in records if r.config is not None}:
-        if config.plan != reference or config.batch_size > largest or config in left_out:
-            continue
-        if in_flight(records, config):
+        anchor = config.plan == reference and config.batch_size <= largest and config not in left_out
+        if not anchor or in_flight(records, config):
             continue
         rs = readings(records, config)
         if 0 < len(rs) < MAX_READINGS and all(is_shaky(r) or r.number in busy for r in rs):

@@ -550,19 +550,18 @@ def test_a_shaky_small_batch_is_read_again_before_the_line_through_it_values_ano
     the line (noise.slowed: none@32 fits and dominates it): nothing left is worth a trial. A shaky reading is one whose steps spread more than SHAKY while a
     neighbour was at work: the same spread on a quiet machine (examples/mlp.py's batch 1 steps take a
     millisecond) is read once."""
-    proposal = propose_a1
     records = [spread(0, 1, 13.7, 0.21), spread(1, 4, 18.3, 0.14), reading(2, 32, 97.1)]
     assert speed_of(records, {"A:1": 0.5}).optimistic(128, "A:1") == pytest.approx(139.1, abs=0.1)
-    assert proposal(records) == Proposal(1, "none", "re-measure", attempt=2)
+    assert propose_a1(records) == Proposal(1, "none", "re-measure", attempt=2)
     records.append(spread(3, 1, 45.0, 0.02))
     assert speed_of(records).pooled[Configuration(1, "none")].mid == 45.0  # the shaky 13.7 left out
     assert speed_of(records, limit=LIMIT).slowed == {(4, "none")}
-    stop = proposal(records)
+    stop = propose_a1(records)
     assert isinstance(stop, Finished), stop
     assert stop.reason.startswith("no remaining configuration is predicted to beat none@32 (97.1 ±1%")
     # The same spread on a quiet machine: A:1's frontier is measured on the line as it is.
     quiet = [spread(0, 1, 13.7, 0.21, QUIET), spread(1, 4, 18.3, 0.14, QUIET), reading(2, 32, 97.1)]
-    assert proposal(quiet) == Proposal(32, "A:1", "frontier", contenders=1)
+    assert propose_a1(quiet) == Proposal(32, "A:1", "frontier", contenders=1)
 
 
 def test_a_reading_the_line_rests_on_that_only_a_busy_machine_took_is_read_again_before_plans_are_valued() -> (
@@ -578,31 +577,30 @@ def test_a_reading_the_line_rests_on_that_only_a_busy_machine_took_is_read_again
     reference plan costs a few seconds: each the line rests on that only a busy machine took is read again
     first, the smallest batch first, up to MAX_READINGS; read quietly, it rules the plans out. The same
     readings on a quiet machine are the line as it is."""
-    proposal = propose_a1
     records = [spread(0, 1, 17.7, 0.09), spread(1, 4, 18.4, 0.23), reading(2, 32, 111.3)]
-    assert proposal(records) == Proposal(1, "none", "re-measure", attempt=2)
-    quiet = proposal([*records, reading(3, 1, 56.0)])  # none@4's 18.4 now falls below it: out of the line
+    assert propose_a1(records) == Proposal(1, "none", "re-measure", attempt=2)
+    quiet = propose_a1([*records, reading(3, 1, 56.0)])  # none@4's 18.4 now falls below it: out of the line
     assert isinstance(quiet, Finished), quiet
     assert quiet.reason.startswith("no remaining configuration is predicted to beat none@32 (111.3 ±1%")
     # read busy as often as any configuration is read, none@1 stands as it is, and none@4 is read again
     records += [spread(3, 1, 16.0, 0.3), spread(4, 1, 18.0, 0.2)]
-    assert proposal(records) == Proposal(4, "none", "re-measure", attempt=2)
+    assert propose_a1(records) == Proposal(4, "none", "re-measure", attempt=2)
     records.append(spread(5, 4, 20.4, 0.73))
-    assert proposal(records) == Proposal(4, "none", "re-measure", attempt=3)
-    assert proposal([*records, spread(6, 4, 19.0, 0.5)]) == Proposal(32, "A:1", "frontier")
+    assert propose_a1(records) == Proposal(4, "none", "re-measure", attempt=3)
+    assert propose_a1([*records, spread(6, 4, 19.0, 0.5)]) == Proposal(32, "A:1", "frontier")
     steady = [spread(0, 1, 1.8, 0.07), spread(1, 4, 27.0, 0.10), reading(2, 32, 109.4)]
     assert speed_of(steady, limit=LIMIT).slowed == {(1, "none")}
-    assert proposal(steady) == Proposal(4, "none", "re-measure", attempt=2)
+    assert propose_a1(steady) == Proposal(4, "none", "re-measure", attempt=2)
     largest = [reading(0, 1, 56.0), reading(1, 4, 78.4), spread(2, 32, 21.6, 0.34)]
-    assert proposal(largest) == Proposal(32, "none", "re-measure", attempt=2)
+    assert propose_a1(largest) == Proposal(32, "none", "re-measure", attempt=2)
 
     def on_a_quiet_machine(shape: list[TrialRecord]) -> list[TrialRecord]:
         return [dataclasses.replace(r, load=QUIET) for r in shape]
 
-    assert proposal(on_a_quiet_machine(records[:3])) == Proposal(32, "A:1", "frontier")
-    assert proposal(on_a_quiet_machine(steady)) == Proposal(32, "A:1", "frontier")
+    assert propose_a1(on_a_quiet_machine(records[:3])) == Proposal(32, "A:1", "frontier")
+    assert propose_a1(on_a_quiet_machine(steady)) == Proposal(32, "A:1", "frontier")
     # a larger batch read slower on a quiet machine is a question asked between (propose._between)
-    assert proposal(on_a_quiet_machine(largest)) == Proposal(8, "none", "between")
+    assert propose_a1(on_a_quiet_machine(largest)) == Proposal(8, "none", "between")
 
 
 def test_a_busy_reading_slower_than_a_quiet_one_of_its_configuration_neither_stands_for_it_nor_widens_hopes() -> (
