@@ -44,7 +44,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval, pooled
-from autotune.hardware.meters import HOST_METHODS
 from autotune.search.records import READINGS, Configuration, TrialKind, TrialRecord, peak_verdict
 from autotune.search.throughput_model import plan_recomputes_at_least
 
@@ -249,33 +248,6 @@ def busy_anchor(
         if 0 < len(rs) < MAX_READINGS and all(is_shaky(r) or r.number in busy for r in rs):
             found.append(config)
     return min(found, default=None)
-
-
-def busy_before_growing(records: list[TrialRecord], batch: int, plan: str) -> Configuration | None:
-    """The newest reading, read once, if a busy machine took it (shaky, or disturbed while a neighbour was
-    at work) in a warm process on the CPU, and the search's next step is a larger ``batch`` of its ``plan``:
-    it is read again first, while that process can. Once a warm process has run a larger batch it takes no
-    smaller one on the CPU (autotune.trials.warm: glibc's heap), and the reading asked for later
-    (:func:`busy_anchor`, or two busy readings out of order) costs a process of its own. Beside four
-    bursting neighbours, examples/gpt.py's none@4 read 25.2 samples/s (CPU pressure 1.0; 94 quiet) before
-    none@32; read again after it, in a new process, it took 5.6 s of a 46 s answer, where a warm reading
-    takes 1-2 s. On a GPU a warm process takes any batch, and trials that each start a process pay the same
-    later. A quiet machine's reading whose own steps shifted (noise.disturbed) is its own noise: read once."""
-    done = [r for r in records if r.kind in READINGS and r.outcome is Outcome.COMPLETE]
-    newest = max(done, key=lambda r: r.number, default=None)
-    if (
-        newest is None
-        or (config := newest.config) is None
-        or config.plan != plan
-        or config.batch_size >= batch
-    ):
-        return None
-    if newest.warm_run is None or newest.memory_method not in HOST_METHODS or in_flight(records, config):
-        return None
-    once = len(readings(records, config)) == 1 < MAX_READINGS
-    neighbour = newest.load is None or newest.load.neighbour  # not a quiet machine's own shift (disturbed)
-    busy = is_shaky(newest) or (neighbour and newest.number in disturbed(records))
-    return config if once and busy else None
 
 
 def _edge(speeds: Mapping[Configuration, Interval], config: Configuration, sign: int) -> float:

@@ -48,7 +48,6 @@ from autotune.search.calibration import next_calibration
 from autotune.search.memory_model import MemoryModel, Observation, bisect
 from autotune.search.noise import (
     busy_anchor,
-    busy_before_growing,
     contradicted,
     disturbed,
     in_flight,
@@ -85,8 +84,6 @@ UNBALANCED = 0.9  # ranks differ once the lightest rank's peak is below this sha
 # (±1%), measured GPT2Block:0.25@7, GPT2Block:1/save=matmul@8 and GPT2MLP:1@7 (55 s of the run's 147) for
 # at most 2.95, 2.94 and 2.93 (0.6, 0.2 and 0.06% above the incumbent's interval); each read slower.
 MIN_GAIN = TIE
-# what a larger batch is measured for: a step a busy reading of a smaller batch of its plan is read again before
-GROWING = (ProposedBy.CALIBRATION, ProposedBy.FRONTIER, ProposedBy.CANDIDATE, ProposedBy.BETWEEN)
 
 
 @dataclass(frozen=True)
@@ -183,31 +180,9 @@ def propose(
     exhaustive: bool = False,
 ) -> Proposal | Finished | None:
     """The next configuration to measure; Finished when nothing left could win; None to let the sampler
-    choose (an exhaustive search past its frontier, or a memory model that could not be calibrated). A
-    larger batch waits for the newest reading of its plan to be read again where a busy machine took it and
-    the warm process that read it could not take it later (autotune.search.noise.busy_before_growing).
+    choose (an exhaustive search past its frontier, or a memory model that could not be calibrated).
 
     ``taken``: configurations leased by any worker (running, queued or ended)."""
-    step = _next_step(records, model, speed, space, limit, taken, exhaustive)
-    if not isinstance(step, Proposal) or step.why not in GROWING or exhaustive:
-        return step
-    again = busy_before_growing(records, step.batch_size, step.plan)
-    return (
-        step
-        if again is None
-        else Proposal(*again, ProposedBy.REMEASURE, attempt=next_attempt(records, again))
-    )
-
-
-def _next_step(
-    records: list[TrialRecord],
-    model: MemoryModel,
-    speed: ThroughputModel,
-    space: SearchSpace,
-    limit: int,
-    taken: Iterable[Configuration],
-    exhaustive: bool,
-) -> Proposal | Finished | None:
     tried = _tried(records, taken)
     if not (model.calibrated and model.resolved):
         calibration = next_calibration(records, model, space, limit, tried)

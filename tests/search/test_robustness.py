@@ -603,38 +603,6 @@ def test_a_reading_the_line_rests_on_that_only_a_busy_machine_took_is_read_again
     assert propose_a1(on_a_quiet_machine(largest)) == Proposal(8, "none", "between")
 
 
-def test_a_busy_reading_is_read_again_before_the_warm_process_moves_past_its_batch_on_the_cpu() -> None:
-    """examples/gpt.py at 1 GiB beside four bursting neighbours at 7554af1: none@1 read 56 samples/s
-    quietly, none@4 25.2 in a burst (94 quiet), then none@32 was measured, and the line resting on none@4
-    had it read again in a new process (a warm one on the CPU takes no smaller batch than it ran): 5.6 s of
-    a 46 s answer. Now a larger batch of its plan waits for it to be read again in the warm process that read
-    it. Not where later costs the same: a GPU's warm process takes any batch, trials that each start a
-    process; nor once it has been read again, nor a quiet reading (nor one that read its own steps shift
-    while no neighbour was at work)."""
-
-    def host(record: TrialRecord, run: int | None, method: str = "rss") -> TrialRecord:
-        return dataclasses.replace(record, memory_method=method, warm_run=run)
-
-    records = [host(reading(0, 1, 56.0), 2), host(reading(1, 4, 25.2, BUSY), 3)]
-    assert next_for(records) == Proposal(4, "none", "re-measure", attempt=2)
-    assert next_for([*records, host(reading(2, 4, 24.0, BUSY), 4)]) == Proposal(32, "none", "frontier")
-    assert next_for([*records, host(reading(2, 4, 94.0), 4)]) == Proposal(32, "none", "frontier")
-    assert next_for([records[0], host(reading(1, 4, 94.0), 3)]) == Proposal(32, "none", "frontier")
-    assert next_for([host(r, r.warm_run, "nvml") for r in records]) == Proposal(32, "none", "frontier")
-    assert next_for([host(r, None) for r in records]) == Proposal(32, "none", "frontier")
-    # a quiet machine's reading that read its own load change (40 ms steps, 0.01-0.03 CPU pressure): no
-    # neighbour was at work, the shift is its own noise
-    shifted = dataclasses.replace(records[1], load=Load(0.02, 0.0, 0.5, 2, others=0.0), shifted="a shift")
-    assert next_for([records[0], shifted]) == Proposal(32, "none", "frontier")
-    assert next_for([records[0], dataclasses.replace(shifted, load=BUSY)]) == Proposal(
-        4, "none", "re-measure", attempt=2
-    )
-    # a shaky reading (steps spread more than SHAKY beside a neighbour) as well, in calibration too
-    shaky = [host(spread(0, 1, 13.7, 0.21), 2)]
-    assert next_for(shaky) == Proposal(1, "none", "re-measure", attempt=2)
-    assert next_for([host(reading(0, 1, 56.0), 2)]) == Proposal(4, "none", "calibration")
-
-
 def test_a_busy_reading_slower_than_a_quiet_one_of_its_configuration_neither_stands_for_it_nor_widens_hopes() -> (
     None
 ):
