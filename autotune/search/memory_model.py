@@ -12,8 +12,8 @@ and every plan's first trial, proposed on the full prediction, was over the budg
 Memory readings are noisy (RSS moves by tens of MiB between two trials of one configuration: glibc's arenas,
 threads), and a small model's per-sample memory can hide under that noise at small batch sizes. The model
 estimates the noise (:func:`memory_noise`) and calls a plan's slope *resolved* only once its peaks have
-risen by RESOLVE times it; until then the search grows the calibration batch geometrically
-(:meth:`MemoryModel.calibration_batch`). A trial stopped over the budget or out of memory is a censored
+risen by RESOLVE times it; until then the search grows the calibration batch geometrically, faster while
+the peaks have not risen by one noise (:meth:`MemoryModel.calibration_batch`). A trial stopped over the budget or out of memory is a censored
 observation: its peak is a lower bound, which raises its plan's slope wherever the fit falls below it.
 
 An offload plan keeps what it saves in pinned host memory: about its saving per sample x the batch size
@@ -58,6 +58,9 @@ REALIZED_PRIOR = 0.7  # the share of its predicted saving a plan is assumed to r
 SAVING_DOUBT = 2.0  # an optimistic bound takes the probe's predicted saving as up to this many times too low
 RESOLVE = 4.0  # a slope is resolved once its plan's peaks rose by this many times the memory noise
 GROWTH = 4  # an unresolved calibration's next batch size: about this many times its largest
+# ... and this many times where its peaks have not risen by one memory noise over two batch sizes or more: the
+# slope is below what a step of GROWTH could show (calibration_batch)
+LOST_GROWTH = GROWTH * GROWTH
 EXTRAPOLATION = 8  # no proposal beyond this many times the largest batch size measured with its plan
 # A batch size a plan's own readings put over the limit by less than this many standard errors of the
 # line's prediction there is still a candidate (:meth:`MemoryModel.doubt`): one-sided, about 95% with the
@@ -405,13 +408,20 @@ class MemoryModel:
     def calibration_batch(self, plan: str, batch_sizes: Sequence[int], limit: int) -> int | None:
         """The next batch size that calibrates ``plan``: its smallest, then about GROWTH x its largest that
         fitted, bisecting below a failure; None once nothing is left between (the slope stays unresolved:
-        what fits was measured) or the ladder ends."""
+        what fits was measured) or the ladder ends. Where two batch sizes or more were measured and the
+        peaks have not risen by one memory noise (:meth:`rise`), LOST_GROWTH x: a step of GROWTH would show
+        at most about four times a rise the noise hides, and RESOLVE wants four noises. Measured (issue 42):
+        examples/mlp.py at 700 MB read 501-563 MiB at batch 1 and 504-560 at 4, 16 and 64 (a rise of -51 to
+        +8 MiB against a noise of 10-26); its ladder 1, 4, 16, 64, 256 and 1024 (over the budget) took six
+        of --trials 10's runs, and the verification had one run left for its contenders."""
         fitting = self.fitting_batches(plan, limit)
         if not fitting:
             return batch_sizes[0] if batch_sizes else None
         top = fitting[-1]
         ceiling = self.ceiling(plan, limit)
-        grown = next((b for b in batch_sizes if b >= GROWTH * top), None)
+        measured = {o.batch_size for o in self.observations if o.plan == plan and o.complete}
+        growth = LOST_GROWTH if len(measured) >= 2 and self.rise(plan) < self.noise else GROWTH
+        grown = next((b for b in batch_sizes if b >= growth * top), None)
         if grown is None:  # the ladder ends before GROWTH x: its last batch size, if larger
             grown = batch_sizes[-1] if batch_sizes and batch_sizes[-1] > top else None
         if ceiling is not None and (grown is None or grown >= ceiling):
