@@ -13,8 +13,9 @@ Memory readings are noisy (RSS moves by tens of MiB between two trials of one co
 threads), and a small model's per-sample memory can hide under that noise at small batch sizes. The model
 estimates the noise (:func:`memory_noise`) and calls a plan's slope *resolved* only once its peaks have
 risen by RESOLVE times it; until then the search grows the calibration batch geometrically, faster while
-the peaks have not risen by one noise (:meth:`MemoryModel.calibration_batch`). A trial stopped over the budget or out of memory is a censored
-observation: its peak is a lower bound, which raises its plan's slope wherever the fit falls below it.
+the peaks have not risen by one noise (:meth:`MemoryModel.calibration_batch`). A trial stopped over the budget
+or out of memory is a censored observation: its peak is a lower bound, which raises its plan's slope wherever
+the fit falls below it.
 
 An offload plan keeps what it saves in pinned host memory: about its saving per sample x the batch size
 (measured, else the probe's). No proposal of it takes a batch size whose pinned memory would pass the host
@@ -422,7 +423,7 @@ class MemoryModel:
         measured = {o.batch_size for o in self.observations if o.plan == plan and o.complete}
         growth = LOST_GROWTH if len(measured) >= 2 and self.rise(plan) < self.noise else GROWTH
         grown = next((b for b in batch_sizes if b >= growth * top), None)
-        if grown is None:  # the ladder ends before GROWTH x: its last batch size, if larger
+        if grown is None:  # the ladder ends before that step: its last batch size, if larger
             grown = batch_sizes[-1] if batch_sizes and batch_sizes[-1] > top else None
         if ceiling is not None and (grown is None or grown >= ceiling):
             return bisect(batch_sizes, top, ceiling)
