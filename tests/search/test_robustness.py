@@ -69,9 +69,10 @@ def test_memory_noise_that_hides_the_slope_grows_the_calibration_then_bisects(tm
     step while they have not risen by one noise (4 MiB at batch 64 is under it), then 4x (1024 rose 40 MiB,
     not yet the four noises that resolve the slope); 4096 passes the budget; the next proposal bisects
     below it, and the model (its slope now resolved) puts the frontier at 1536. At 4x a step throughout
-    the ladder took 16 and 256 as well: nine search runs where seven now answer. 2048 would take ~164 MiB: predicted 10 MiB over the limit, within the
-    doubt of a line whose batch-1 reading lies 24 MiB off it (MemoryModel.doubt), it is measured once
-    1536 was, and its reading over the budget ends the climb (the second over-budget trial)."""
+    the ladder took 16 and 256 as well: nine search runs where seven now answer. 2048 would take ~164 MiB:
+    predicted 10 MiB over the limit, within the doubt of a line whose batch-1 reading lies 24 MiB off it
+    (MemoryModel.doubt), it is measured once 1536 was, and its reading over the budget ends the climb (the
+    second over-budget trial)."""
     data = tune(
         tmp_path,
         # --trials leaves room for a loaded machine's re-measurements: the ladder is 7 search runs, and CI's
