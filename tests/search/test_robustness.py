@@ -980,6 +980,50 @@ def test_configurations_that_dominate_a_quietly_read_leader_are_verified_beside_
     assert dominating(leader, [leader, two, four], quiet) == []
 
 
+def test_the_frontier_below_a_warm_reading_just_over_the_limit_is_measured_before_that_is_read_fresh() -> (
+    None
+):
+    """examples/mlp.py at 700 MB (limit 634.2 MiB), ``--trials 10`` on a quiet machine, the trial table as
+    read: the warm process read none@512 at 652.7 MiB, 2.9% over the limit (its heap can add 4%). The search
+    read it again in a process of its own (647.3: over), then none@256 with its last search trial, and
+    answered none@256 at 0.945 of none@384's speed; none@384 was never measured. The frontier below
+    (none@256 then; none@384 once none@256 fits at 575 MiB) is measured first, in the warm process, and
+    none@512 is read fresh only after it: what the run's last trials buy is an answer that fits."""
+    limit = int(634.2 * MiB)
+    quiet = Load(0.02, 0.0, 0.8, 2, others=0.01)
+
+    def trial(number, batch, peak_mib, speeds, warm_run, why):
+        return TrialRecord(
+            number, "COMPLETE", TrialKind.MEASURED, batch, "none", Outcome.COMPLETE, int(peak_mib * MiB),
+            speeds[0], samples_per_sec_low=speeds[1], samples_per_sec_high=speeds[2], memory_method="rss",
+            load=quiet, warm_run=warm_run, proposed_by=why,
+        )  # fmt: skip
+
+    c, f = ProposedBy.CALIBRATION, ProposedBy.FRONTIER
+    records = [
+        trial(0, 1, 501.2, (31.3, 23.9, 38.8), 1, c),
+        trial(1, 4, 550.7, (64.3, 60.1, 68.5), 2, c),
+        trial(2, 8, 507.3, (166.4, 162.4, 170.5), 3, f),
+        trial(3, 32, 514.4, (522.7, 510.4, 534.9), 4, c),
+        trial(4, 128, 563.8, (729.3, 716.7, 741.8), 5, c),
+        trial(5, 512, 652.7, (1123.2, 1112.0, 1134.4), 6, c),
+    ]
+    space = SearchSpace(batch_sizes=parse_batch_sizes(None), plans=("none",))
+
+    def proposed(records):
+        proposal = propose(
+            records, model_of(records, limit=limit), speed_of(records, limit=limit), space, limit
+        )
+        assert isinstance(proposal, Proposal), proposal
+        return proposal.batch_size, proposal.why
+
+    assert proposed(records) == (256, ProposedBy.FRONTIER)  # b2dc238: (512, fresh)
+    records.append(trial(6, 256, 575.4, (985.3, 970.1, 1000.5), 1, f))
+    assert proposed(records) == (384, ProposedBy.FRONTIER)
+    records.append(trial(7, 384, 618.6, (996.1, 982.7, 1010.2), 2, f))
+    assert proposed(records) == (512, ProposedBy.FRESH)  # the bet, once its loss costs nothing
+
+
 def test_a_warm_reading_just_over_the_limit_is_read_again_in_a_process_of_its_own(tmp_path) -> None:
     """The mlp example at 700 MB: a warm process read none@256 at 635.6 MiB against a 634.2 MiB limit (its
     heap keeps the history of the configurations before it: up to 4% over a process of its own), every
