@@ -185,7 +185,7 @@ def outrun(records: Iterable[TrialRecord]) -> set[int]:
     nor disturbed; :func:`disagree`). Load only slows, so the faster one stands for the configuration;
     the two are no disagreement to measure a third time, nor a spread between trials that widens every
     other configuration's hopes (ThroughputModel.between). A verification's readings are never left out:
-    side by side, they are what :func:`overruled` and verify.choose rest on.
+    side by side, they are what :func:`overruled` and contenders.choose rest on.
 
     Measured (issue 42, beside four bursting neighbours): examples/gpt.py's none@32 read 9.3 samples/s
     (±2%, steady, its steps all slowed alike), 94.7 in a quiet moment and 17.8 ±29%; the median of the

@@ -356,7 +356,7 @@ class _Valuation:
 
     def moot(self, config: Configuration) -> bool:
         """Whether measuring ``config`` can change nothing: a configuration that fits (``fitting``) is
-        answered over it whatever its reading says (autotune.search.verify.choose).
+        answered over it whatever its reading says (autotune.search.contenders.choose).
 
         Never where ``config`` is worth more than its own speed: a plan's frontier valued at a larger batch
         than its own shows how far the plan reaches (at first, at the batch size of ``none``'s frontier,
@@ -370,7 +370,7 @@ class _Valuation:
         - One dominates it (throughput_model.dominates: its plan, or one it recomputes at least of, at a
           larger batch too) and a busy machine took a reading of that one (``busy``): the verification then
           measures the dominating one beside any leader it dominates and drops the dominated one whatever
-          the readings (verify.dominating, verify.choose: under contention a larger batch reads slower than
+          the readings (contenders.dominating, contenders.choose: under contention a larger batch reads slower than
           it runs). Measured (#42): beside four bursting neighbours, examples/gpt.py's runs measured
           none@24, none@7, none@12, Block:0.25@24, MLP:1@24 and MLP:1@16 with none@32 fitting and read
           under load, none of them answerable.

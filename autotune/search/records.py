@@ -66,7 +66,7 @@ class TrialKind(TextEnum):
 
 READINGS = (TrialKind.MEASURED, TrialKind.WARM_START, TrialKind.VERIFICATION)  # what reads a configuration
 # readings this close to the fastest's (or within its noise, if less) tie: the smaller peak wins
-# (autotune.search.verify.choose), and a candidate that could beat the incumbent by no more is not worth a
+# (autotune.search.contenders.choose), and a candidate that could beat the incumbent by no more is not worth a
 # trial (autotune.search.propose.MIN_GAIN)
 TIE = 0.025
 # A warm process on the host reads a configuration up to this much over a process of its own, at the same
@@ -79,6 +79,11 @@ class Configuration(NamedTuple):
 
     batch_size: int
     plan: str
+
+    @property
+    def label(self) -> str:
+        """How a run names it to the user: ``plan@batch_size``."""
+        return f"{self.plan}@{self.batch_size}"
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ def dominates(config: tuple[int, str], other: tuple[int, str]) -> bool:
 def outranks(config: tuple[int, str], other: tuple[int, str]) -> bool:
     """Whether ``config`` wins a tie with ``other`` by the throughput model's structure whatever their peaks:
     the same batch with a plan that ``other``'s recomputes at least (:func:`dominates` at one batch size).
-    Where ``config`` fits, ``other`` can never be the answer (autotune.search.verify.
+    Where ``config`` fits, ``other`` can never be the answer (autotune.search.contenders.
     choose takes ``config`` from a tie, and a plan is never faster than one it recomputes at least of)."""
     (batch, plan), (other_batch, other_plan) = config, other
     return batch == other_batch and plan != other_plan and plan_recomputes_at_least(other_plan, plan)

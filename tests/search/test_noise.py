@@ -52,7 +52,7 @@ def test_a_slow_reading_of_the_true_best_is_re_measured_against_the_one_reading_
     on one reading none@24 (387) wins. The model fitted to the other configurations predicts A:1@48 at
     ~410, so it is a rival: both are re-run longer, side by side, and A:1@48 wins. Its side-by-side reading
     overrules the slow search reading (autotune.search.noise.overruled): the answer's speed is its own. One
-    round decides (verify._decided): none of its readings was disturbed, and A:1@48 reads above none@24
+    round decides (contenders.decided): none of its readings was disturbed, and A:1@48 reads above none@24
     beyond both intervals."""
     data = tune(tmp_path, 1.8, "48:A:1#0=1.3")
     records = trials(tmp_path)
@@ -95,7 +95,7 @@ def test_a_winner_that_verifies_below_a_rival_is_measured_again_and_kept_on_its_
     first, *rounds = configs(records, TrialKind.VERIFICATION)
     assert first == (24, "none") and rounds[:2] == [(24, "none"), rival]
     # a second round only where the first's readings were disturbed (a loaded CI worker's step times can
-    # shift within a trial) or left the two apart within their noise: verify._decided
+    # shift within a trial) or left the two apart within their noise: contenders.decided
     assert rounds[2:] in ([], [(24, "none"), rival])
     notes = [r.note for r in records if r.kind is TrialKind.VERIFICATION]
     leader = next(
@@ -165,9 +165,9 @@ def test_the_demo_s_readings_put_batch_32_beside_its_disproved_leader() -> None:
     every fitting configuration, the undominated first: none@32 (which dominates none@1, none@4 and the
     recomputing plan at its batch). The verification overrules none@4's quiet-gap reading: its speed, and
     the front, are the verification's."""
+    from autotune.search.contenders import challengers
     from autotune.search.noise import overruled
     from autotune.search.propose import speed_of
-    from autotune.search.verify import challengers
 
     records = [
         _reading(0, 1, "none", 40.6),
@@ -193,8 +193,8 @@ def test_a_busy_leader_is_neither_disproved_by_nor_measured_again_beside_what_it
     and where a busy machine took the leader's readings it is no rival to measure again: choose() drops it
     from a busy round, and a quiet one reads it no faster. What the leader does not dominate still is."""
     from autotune.core.stats import Interval
+    from autotune.search.contenders import challengers, disproved
     from autotune.search.propose import Configuration
-    from autotune.search.verify import challengers, disproved
 
     leader = Configuration(32, "none")
     plan, small, larger = Configuration(32, "Block:0.25"), Configuration(4, "none"), Configuration(48, "A:1")
@@ -223,8 +223,8 @@ def test_a_busy_leader_contradicted_by_its_own_readings_alone_is_answered_withou
     it had no rival, and it was verified again alone (24.1: 19 s) to make a median of three that moves the
     speed reported, not the answer. Nothing overtook it, nothing is its rival, a busy machine took its
     readings: it is answered. On a quiet machine, or with a rival, it is measured again as before."""
+    from autotune.search.contenders import settled_alone
     from autotune.search.propose import Configuration
-    from autotune.search.verify import settled_alone
 
     leader = Configuration(32, "none")
     v = TrialKind.VERIFICATION
@@ -289,8 +289,8 @@ def test_a_leader_whose_stand_in_did_not_fit_is_answered_on_its_readings_where_n
     answered. What stood in for the leader did not show the leader over the limit: it is answered on its
     search readings, unverified; a configuration over the limit by its readings never is."""
     from autotune.core.protocol import Outcome
+    from autotune.search.contenders import standing
     from autotune.search.records import Configuration, TrialRecord
-    from autotune.search.verify import standing
 
     MiB = 2**20
     limit = int(634.19 * MiB)
@@ -322,7 +322,7 @@ def test_contenders_not_read_side_by_side_are_ordered_by_the_model_s_structure_n
     leader's overruled search reading: answered at 0.89x the peer where none@7 ran 1.04x. Without a round,
     a contender another dominates (a larger batch of its plan, less recompute at its batch) is out; read
     side by side, the readings decide as before."""
-    from autotune.search.verify import choose, side_by_side
+    from autotune.search.contenders import choose, side_by_side
 
     contenders = [(7, "none"), (4, "none"), (7, "GPT2Block:0.25")]
     records = [
@@ -351,7 +351,7 @@ def test_busy_readings_not_taken_side_by_side_keep_the_leader() -> None:
     answered at 0.72 of none@32's quiet speed. Busy readings taken apart order nothing: the leader stays. On
     a quiet machine the same readings (not side by side) decide as before."""
 
-    from autotune.search.verify import choose, side_by_side
+    from autotune.search.contenders import choose, side_by_side
 
     busy = [
         _under(0.03, _reading(0, 1, "none", 41.9)),
@@ -378,8 +378,8 @@ def test_a_leader_that_fitting_configurations_dominate_under_load_is_measured_on
     (Block:0.25@32: more recompute at its batch); the leader is verified only if none@32 does not fit
     (verify._verify_lease). A disturbed round of that one contender decides: it is the answer where it fits,
     whatever it reads; so does one of a lone leader measured again. Without a dominating configuration the leader comes first, as before."""
+    from autotune.search.contenders import choose, decided, dominating, in_place
     from autotune.search.propose import Configuration
-    from autotune.search.verify import _decided, choose, dominating, in_place
 
     leader, above = Configuration(24, "none"), Configuration(32, "none")
     plan_rival, larger = Configuration(32, "Block:0.25"), Configuration(48, "A:1")
@@ -402,10 +402,10 @@ def test_a_leader_that_fitting_configurations_dominate_under_load_is_measured_on
     ]
     assert choose(beside, [leader, above], 8 * 2**20) == above
     alone = [*readings, _under(0.70, _reading(4, 32, "none", 50.0, v))]
-    assert "none@32 dominates the leader" in (_decided(alone, [above], {4}, True) or "")
+    assert "none@32 dominates the leader" in (decided(alone, [above], {4}, True) or "")
     # a leader measured again alone (its readings disagreed): a busy reading more moves the speed reported,
     # not the answer; undisturbed, its round decides too (the median of three)
-    assert "one contender is left: a reading more" in (_decided(alone, [above], {4}) or "")
+    assert "one contender is left: a reading more" in (decided(alone, [above], {4}) or "")
 
 
 def test_two_quiet_readings_as_far_apart_as_this_machine_s_runs_agree() -> None:
@@ -499,7 +499,7 @@ def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side
     contenders' readings, a contender another one dominates (its plan at a larger batch, ``none`` at its
     batch) is not chosen; on a quiet machine the readings decide as before."""
 
-    from autotune.search.verify import choose
+    from autotune.search.contenders import choose
 
     quiet = _under(0.0, _reading(0, 1, "none", 20.0))
     loaded = [
@@ -518,23 +518,23 @@ def test_under_load_the_model_s_structure_ranks_what_readings_taken_side_by_side
 def test_a_round_of_side_by_side_readings_decides_unless_it_was_disturbed_or_left_them_apart_within_the_noise() -> (
     None
 ):
-    """The second interleaved round is for a load that comes and goes (verify._decided): after a round
+    """The second interleaved round is for a load that comes and goes (contenders.decided): after a round
     whose readings were not disturbed, the contenders tied with the fastest (within 2.5%) or below it beyond
     both intervals are decided; one whose interval reaches the fastest's without tying it, or a disturbed
     reading of the round, takes another round."""
     import dataclasses
 
     from autotune.hardware.load import Load
+    from autotune.search.contenders import decided
     from autotune.search.propose import Configuration
-    from autotune.search.verify import _decided
 
     v = TrialKind.VERIFICATION
     apart = [_reading(0, 16, "none", 100.0), _reading(1, 32, "none", 120.0), _reading(2, 16, "none", 100.0, v),
              _reading(3, 32, "none", 121.0, v)]  # fmt: skip
     contenders = [Configuration(16, "none"), Configuration(32, "none")]
-    assert _decided(apart, contenders, {2, 3}) is not None
+    assert decided(apart, contenders, {2, 3}) is not None
     tied = [_reading(0, 16, "none", 120.0), apart[1], _reading(2, 16, "none", 120.2, v), apart[3]]
-    assert _decided(tied, contenders, {2, 3}) is not None  # within the noise: choose() decides on peaks
+    assert decided(tied, contenders, {2, 3}) is not None  # within the noise: choose() decides on peaks
     wide = dataclasses.replace(
         tied[2], samples_per_sec=110.0, samples_per_sec_low=90.0, samples_per_sec_high=130.0
     )
@@ -544,23 +544,23 @@ def test_a_round_of_side_by_side_readings_decides_unless_it_was_disturbed_or_lef
         wide,
         tied[3],
     ]  # a wide reading reaches the fastest
-    assert _decided(overlapping, contenders, {2, 3}) is None
+    assert decided(overlapping, contenders, {2, 3}) is None
 
     def busy(record):
         return dataclasses.replace(record, load=Load(0.6, None, 5.0, 2))
 
     quiet = [dataclasses.replace(r, load=Load(0.0, None, 5.0, 2)) for r in apart]
-    assert _decided(quiet, contenders, {2, 3}) is not None
+    assert decided(quiet, contenders, {2, 3}) is not None
     # none@32 dominates none@16 (throughput does not fall with the batch): under load the readings order
     # nothing else, and a disturbed round decides; A:1@32 does not dominate none@16, and it takes another
     busy_round = [*quiet[:3], busy(quiet[3])]
-    assert "none@32 dominates every other contender" in (_decided(busy_round, contenders, {2, 3}) or "")
+    assert "none@32 dominates every other contender" in (decided(busy_round, contenders, {2, 3}) or "")
     planned = [dataclasses.replace(r, plan="A:1") if r.batch_size == 32 else r for r in busy_round]
-    assert _decided(planned, [Configuration(16, "none"), Configuration(32, "A:1")], {2, 3}) is None
+    assert decided(planned, [Configuration(16, "none"), Configuration(32, "A:1")], {2, 3}) is None
     assert (
-        _decided(planned, [Configuration(16, "none"), Configuration(32, "A:1")], {2}) is not None
+        decided(planned, [Configuration(16, "none"), Configuration(32, "A:1")], {2}) is not None
     )  # ... a disturbed reading of an earlier round: decided
-    assert _decided(apart[:1] + apart[2:3], contenders[:1], {2}) is not None  # one contender: a third reading
+    assert decided(apart[:1] + apart[2:3], contenders[:1], {2}) is not None  # one contender: a third reading
 
 
 def test_pressure_a_trial_s_own_processes_make_is_no_busy_machine() -> None:

@@ -1,4 +1,4 @@
-"""Which configurations verification re-measures against the leader (autotune.search.verify.rivals, #32
+"""Which configurations verification re-measures against the leader (autotune.search.contenders.rivals, #32
 item 7): those whose readings' interval overlaps the leader's, and those the throughput model fitted to the
 other readings puts at the leader's speed unless the model's structure ranks them below it."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from test_propose import trial
 
+from autotune.search.contenders import rivals
 from autotune.search.records import Configuration, TrialRecord
-from autotune.search.verify import rivals
 
 
 def ranked(records: list[TrialRecord]) -> list:

@@ -24,6 +24,7 @@ from autotune.cli import cli
 from autotune.core.protocol import Outcome
 from autotune.core.stats import Interval
 from autotune.hardware.load import Load
+from autotune.search.contenders import choose, dominating, unverified
 from autotune.search.memory_model import MemoryModel, Observation, memory_noise
 from autotune.search.noise import certainty, contradicted, out_of_order, outrun, overruled, unanswerable
 from autotune.search.optuna_trials import records_of
@@ -41,7 +42,6 @@ from autotune.search.records import (
 )
 from autotune.search.space import SearchSpace, parse_batch_sizes
 from autotune.search.throughput_model import FORWARD_SHARE_OF_STEP, Reading, ThroughputModel
-from autotune.search.verify import choose, dominating, unverified
 
 from conftest import SYNTHETIC, MiB
 
@@ -152,7 +152,7 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     lies above it (the rule that re-measured a 48x fall), yet its own readings disagree. Nothing is answered
     from them: it is measured again, and since the throughput model puts no other configuration above even
     its slow reading (issue 42: rivals by the model, not by raw readings), alone, once (a third reading,
-    undisturbed: verify._decided); the answer is the median of its three readings (the search's counts: its
+    undisturbed: contenders.decided); the answer is the median of its three readings (the search's counts: its
     two longer ones disagree among themselves, so they overrule nothing, however slow a loaded CI made the
     second: noise.overruled), with a line on how noisy the tuning was. On a loaded machine the search may read
     it more than once (its readings disagreed), and the slowed reading is then the search's own: the same
@@ -165,7 +165,7 @@ def test_a_verification_that_contradicts_its_search_reading_is_measured_again_no
     )
     records = trials(tmp_path)
     checks = [(r.batch_size, r.plan) for r in records if r.kind is TrialKind.VERIFICATION]
-    # once more (a second time only where a loaded CI's step times disturbed the first: verify._decided)
+    # once more (a second time only where a loaded CI's step times disturbed the first: contenders.decided)
     assert checks in ([(24, "none")] * 2, [(24, "none")] * 3)
     assert (data["batch_size"], data["plan"]) == (24, "none")
     read = [r for r in records if r.config == (24, "none") and r.outcome is Outcome.COMPLETE]
@@ -480,7 +480,7 @@ def test_a_reading_lower_at_a_larger_batch_is_a_question_measured_between() -> N
 def test_smaller_batches_of_a_fitting_batch_read_on_a_busy_machine_are_not_measured() -> None:
     """Issue 42's heavy runs of examples/gpt.py: none@32 fits and read 8.8, 55.4 and 8.9 (two of them
     beside the bursting neighbours). The verification measures none@32 beside any smaller batch of none that
-    leads and answers none@32 whatever the readings (verify.dominating, verify.choose), so the search does
+    leads and answers none@32 whatever the readings (contenders.dominating, contenders.choose), so the search does
     not measure none@24, @16, @8 and @2 and re-measure @4, as it did (5 trials for no answer): it stops, and
     says why, on none@32's quiet reading (the two busy ones are slower beyond both intervals: noise.outrun). On a quiet machine the same readings leave the smaller batches their chance (a tie goes to
     the smaller peak), and none@24 is measured."""
@@ -970,8 +970,8 @@ def test_configurations_that_dominate_a_quietly_read_leader_are_verified_beside_
     """The same demo: the leader none@1's reading was quiet and those of none@2 and none@4, which dominate it,
     busy; they are verified beside it (the one that dominates the other: none@4), as they are where the
     leader's own readings were busy. On a quiet machine the readings decide: nothing is added."""
+    from autotune.search.contenders import dominating
     from autotune.search.propose import Configuration
-    from autotune.search.verify import dominating
 
     leader, two, four = Configuration(1, "none"), Configuration(2, "none"), Configuration(4, "none")
     busy = [reading(0, 1, 41.0), reading(1, 4, 24.0, BUSY), reading(2, 2, 18.0, BUSY)]
