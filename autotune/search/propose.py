@@ -278,9 +278,10 @@ def _frontier_below(
     near: Configuration, frontier: dict[str, int | None], tried: set[Configuration], value: _Valuation
 ) -> Configuration | None:
     """The frontier of ``near``'s plan below it, where it is not measured yet and could beat the incumbent:
-    measured (warm, seconds) before ``near`` is read again in a process of its own. The fresh reading is a
-    bet that the warm heap's excess put ``near`` over; the frontier below is the answer if that bet is lost,
-    and a run's last trials go to the answer first (issue 42: examples/mlp.py at 700 MB, ``--trials 10``,
+    measured before ``near`` is read again in a process of its own (the same cost in processes on the CPU,
+    where a smaller batch starts a warm process of its own, whose larger batches then run in it). The fresh
+    reading is a bet that the warm heap's excess put ``near`` over; the frontier below is the answer if that
+    bet is lost, and a run's last trials go to the answer first (issue 42: examples/mlp.py at 700 MB, ``--trials 10``,
     read none@512 at 652.7 MiB warm and 647.3 fresh against the 634.2 MiB limit, then none@256 with its
     last search trial, and answered none@256 at 0.945 of none@384, which was never measured)."""
     largest = frontier.get(near.plan)
