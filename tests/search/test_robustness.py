@@ -987,7 +987,7 @@ def test_the_frontier_below_a_warm_reading_just_over_the_limit_is_measured_befor
     read: the warm process read none@512 at 652.7 MiB, 2.9% over the limit (its heap can add 4%). The search
     read it again in a process of its own (647.3: over), then none@256 with its last search trial, and
     answered none@256 at 0.945 of none@384's speed; none@384 was never measured. The frontier below
-    (none@256 then; none@384 once none@256 fits at 575 MiB) is measured first, in the warm process, and
+    (none@256 then; none@384 once none@256 fits at 575 MiB) is measured first, and
     none@512 is read fresh only after it: what the run's last trials buy is an answer that fits."""
     limit = int(634.2 * MiB)
     quiet = Load(0.02, 0.0, 0.8, 2, others=0.01)
