@@ -135,7 +135,7 @@ def _kept_out_text(result: TuneResult) -> str | None:
     if kept is None:
         return None
     return (
-        f"{kept.config.plan}@{kept.config.batch_size} read {kept.speed:,.1f} samples/s, "
+        f"{kept.config.label} read {kept.speed:,.1f} samples/s, "
         f"{kept.speed / best.throughput.mid:.2f}x the answer, at a peak of {format_bytes(kept.peak)}: over the "
         f"limit, within the budget; with --headroom {kept.headroom:.0%} it could be the answer (the headroom "
         "is room for the memory noise and for a longer job's peak)"

@@ -427,9 +427,7 @@ def _before_stopping(
         every = "every other" if moot else "every"
         return Finished(f"{reason}; {every} configuration that could fit has been measured")
     at_most = value.optimistic(best) or 0.0
-    return Finished(
-        f"{reason}; the closest, {best.plan}@{best.batch_size}, could reach at most {at_most:,.1f}"
-    )
+    return Finished(f"{reason}; the closest, {best.label}, could reach at most {at_most:,.1f}")
 
 
 def _tried(records: Iterable[TrialRecord], taken: Iterable[Configuration]) -> set[Configuration]:
