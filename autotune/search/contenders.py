@@ -162,7 +162,15 @@ def decided(
     place of a leader it dominates (``in_place_``: :func:`in_place`), which is the answer where it fits
     whatever it reads; and so does a round of a lone leader measured again because its own readings
     disagreed (what it dominates left out of the round: autotune.search.verify): a busy reading more moves
-    the speed reported, and the certainty line already says the machine was busy, not the answer."""
+    the speed reported, and the certainty line already says the machine was busy, not the answer.
+
+    An undisturbed round also settles a contender that reads below the fastest, their intervals
+    overlapping, where the fastest dominates it (its plan at a larger batch, a plan recomputing less):
+    readings and structure agree, and a round more could at most make the two a tie, which :func:`choose`
+    gives to the smaller peak, trading speed the readings say is there for headroom the verification has
+    already read. Measured (#41): bench/gpt2_train.py on a quiet CPU at 2312 MiB verified none@4 (2.76
+    samples/s in the search) beside none@7 (2.67): 2.38 against 2.83 side by side, then a second round of
+    two fresh processes (3.30 against 3.31: 34 s of a 136 s run) made them a tie and answered none@4."""
     if noise.disturbed(records) & latest:
         top = without_dominated(contenders)
         if len(contenders) > 1 and len(top) == 1:
@@ -186,11 +194,14 @@ def decided(
     readings = speeds(records)
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
-    if any(bar > readings[c].mid and readings[c].high >= readings[fastest].low for c in contenders):
+    if any(
+        bar > readings[c].mid and readings[c].high >= readings[fastest].low and not dominates(fastest, c)
+        for c in contenders
+    ):
         return None
     return (
-        f"none of its readings was disturbed, and each contender ties with {fastest.label} or lies below "
-        "it beyond both intervals"
+        f"none of its readings was disturbed, and each contender ties with {fastest.label}, lies below it "
+        "beyond both intervals, or lies below it and is dominated by it (the throughput model's structure)"
     )
 
 
