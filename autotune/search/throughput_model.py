@@ -24,7 +24,8 @@ and how noisy the readings were: the fit plus the readings' noise; beyond the la
 flattest step-time line the noisy readings allow (with one batch size measured: throughput proportional to
 the batch, which no real step beats); below a larger batch the plan was read at, no less than that reading
 allows (throughput does not fall with the batch: the reading bounds every smaller one); for a plan, the smallest overhead its readings allow (and, on whichever line, no less than the seconds per sample its recompute was measured to add), or, unmeasured,
-its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes; an offload
+its probe's share times FORWARD_SHARE_OF_STEP, the least share of the work a forward pass takes, or times
+the least that a plan measured here was found to cost per share (ThroughputModel.recompute_cost); an offload
 plan, unmeasured, at least the time its saved bytes take to the host and back over the fastest link a GPU has
 (``transfer``: seconds per sample, HOST_LINK_BYTES_PER_SECOND), beyond the per-sample time it could hide
 behind. A
@@ -51,6 +52,9 @@ MAX_FORWARD_SHARE = (
     0.5  # the most (a forward without its backward's recompute): a bound on what own:off gains
 )
 EXPECTED_FORWARD_SHARE = 1 / 3  # what a prediction (not a bound) assumes
+# the least forward share a plan's measured overhead is divided by to bound the others' (recompute_cost):
+# below it the probe's timing of the few modules it repeats is too small to scale
+MIN_SHARE_TO_SCALE = 0.02
 PER_SAMPLE_SHARE_MIN = 0.05  # below this share of the step, per-sample time is too small to divide by
 
 
@@ -227,7 +231,7 @@ class ThroughputModel:
         less than what a plan it recomputes at least as much as was measured at; unmeasured, or read only on
         a busy machine (``busy_plans``: load only slows, so such readings bound the overhead from above, not
         below; issue 42: examples/gpt.py's Block:0.25@32 read 79 beside four bursting neighbours), its probe's
-        forward share times FORWARD_SHARE_OF_STEP, and for a plan per rank the least of its entries' (every
+        forward share times :attr:`recompute_cost`, and for a plan per rank the least of its entries' (every
         rank applying its lightest entry recomputes no more); 0 for the reference plan and anything unknown.
         Against ``none`` it is never negative."""
         if plan == self.reference:
@@ -239,9 +243,7 @@ class ThroughputModel:
         share = self.forward_shares.get(plan, -1.0 if _may_beat_none(plan) else 0.0)
         # a plan that repeats less than none (own:off: negative share) could gain up to a forward's most
         least = (
-            own.low
-            if own is not None
-            else share * (FORWARD_SHARE_OF_STEP if share >= 0 else MAX_FORWARD_SHARE)
+            own.low if own is not None else share * (self.recompute_cost if share >= 0 else MAX_FORWARD_SHARE)
         )
         if own is None and "|" in plan:
             least = min(self.least_overhead(entry) for entry in dict.fromkeys(plan.split("|")))
@@ -251,6 +253,33 @@ class ThroughputModel:
             if other != plan and plan_recomputes_at_least(plan, other):
                 least = max(least, measured.low)
         return max(least, 0.0) if self.reference == "none" and not _may_beat_none(plan) else least
+
+    @property
+    def recompute_cost(self) -> float:
+        """The least overhead an unmeasured plan pays per unit of the probe's forward share it repeats:
+        FORWARD_SHARE_OF_STEP (the least share of a step a forward pass takes), or more where a plan measured
+        here on a quiet machine says so: the least, over those plans, of the low end of their overhead over
+        their forward share. What a recompute costs against its forward's share is the machine's and the
+        model's (how long a backward takes beside the forward; on the CPU, what checkpointing adds to the
+        repeated forward), not the plan's; the least of the measured keeps it a bound. Plans that move
+        tensors to the host (their copies cost what no share says), that may beat ``none`` (own:off, a
+        sharding), and those repeating less than MIN_SHARE_TO_SCALE of the forward scale nothing.
+
+        Measured (#41): bench/gpt2_train.py's 4 x 256 GPT-2 on the CPU read GPT2Block:0.25@8 (forward share
+        0.064, least overhead by FORWARD_SHARE_OF_STEP 1.3%) at 0.29 overhead (0.08-0.50: 1.27 times its share
+        at least), then measured GPT2Block:1/save=matmul@8 (share 0.094, valued at 1.9% least: 12% at 1.27
+        times), 20 s of a 107 s run, for an overhead of 0.44 and 2.4 samples/s against none@7's 3.5."""
+        if self.reference != "none":
+            return FORWARD_SHARE_OF_STEP
+        ratios = [
+            overhead.low / share
+            for plan, overhead in self.overhead.items()
+            if plan not in self.busy_plans
+            and plan not in self.transfer
+            and not _may_beat_none(plan)
+            and (share := self.forward_shares.get(plan, 0.0)) >= MIN_SHARE_TO_SCALE
+        ]
+        return max(FORWARD_SHARE_OF_STEP, min(ratios)) if ratios else FORWARD_SHARE_OF_STEP
 
     def _transfer_overhead(self, plan: str) -> float:
         """The least overhead an offload plan's copies to the host and back cost: the part of their time per
@@ -271,7 +300,7 @@ class ThroughputModel:
         own = self.overhead.get(plan)
         if own is not None:
             return own.mid
-        expected = self.forward_shares.get(plan, 0.0) * EXPECTED_FORWARD_SHARE
+        expected = self.forward_shares.get(plan, 0.0) * max(EXPECTED_FORWARD_SHARE, self.recompute_cost)
         return max(expected, self._transfer_overhead(plan)) if plan in self.transfer else expected
 
     def _measured_overhead(self, points: dict[int, Interval]) -> tuple[Interval, Interval] | None:

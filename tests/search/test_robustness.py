@@ -677,6 +677,66 @@ def test_a_plan_read_only_on_a_busy_machine_bounds_no_overhead() -> None:
     assert quiet.least_overhead("A:1") > 1.0
 
 
+def test_a_measured_plan_s_recompute_cost_per_forward_share_bounds_the_unmeasured_plans() -> None:
+    """bench/gpt2_train.py's 4 x 256 GPT-2 on the CPU at 2312 MiB, as its records read: none@1, @4, @7
+    (3.48 samples/s), then GPT2Block:0.25@8 at 2.75, an overhead of 0.29 (at least 0.08) for a plan whose
+    probe says it repeats 6.4% of the forward: its recompute costs at least 1.27 times its share here, where
+    the bound assumed 0.2. GPT2Block:1/save=matmul@8 (share 9.4%) was valued at 1.9% least overhead and
+    measured next (2.38, 20 s of a 107 s run); at 1.27 times its share (12%) it cannot beat none@7, and the
+    search stops. Quiet readings only: a plan read busy, or one that moves tensors to the host, scales
+    nothing, nor does one repeating too little of the forward to divide by."""
+    from autotune.search.throughput_model import MIN_SHARE_TO_SCALE
+
+    shares = {
+        "GPT2Block:1": 0.2856,
+        "GPT2Block:1/save=matmul": 0.094,
+        "GPT2Block:0.25": 0.0637,
+        "GPT2Block:0.5": 0.1303,
+        "GPT2Block:0.75": 0.1901,
+        "GPT2Attention:1": 0.1631,
+        "GPT2MLP:1": 0.1135,
+    }
+    savings = {"GPT2Block:1": 32256000.0, "GPT2Block:1/save=matmul": 21245952.0, "GPT2Block:0.25": 10752000.0,
+               "GPT2Block:0.5": 21504000.0, "GPT2Block:0.75": 32256000.0, "GPT2Attention:1": 13369344.0,
+               "GPT2MLP:1": 16515072.0}  # fmt: skip
+    space = SearchSpace(
+        batch_sizes=(1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64), plans=("none", *savings)
+    )
+    limit = int(2424307712 * 0.95)
+
+    def read(number: int, batch: int, plan: str, speed: float, low: float, high: float, peak: int):
+        return TrialRecord(
+            number, "COMPLETE", TrialKind.MEASURED, batch, plan, Outcome.COMPLETE, peak, speed,
+            samples_per_sec_low=low, samples_per_sec_high=high, memory_method="rss", load=QUIET,
+        )  # fmt: skip
+
+    records = [
+        read(0, 1, "none", 2.286, 2.251, 2.321, 819650560),
+        read(1, 4, "none", 3.058, 2.687, 3.429, 1484079104),
+        read(2, 7, "none", 3.482, 2.940, 4.024, 2124234752),
+        read(3, 8, "GPT2Block:0.25", 2.749, 2.666, 2.831, 2270650368),
+    ]
+
+    def next_of(records: list[TrialRecord]) -> Proposal | Finished | None:
+        model = model_of(records, savings, None, limit)
+        return propose(records, model, speed_of(records, shares, limit=limit), space, limit)
+
+    assert next_of(records[:3]) == Proposal(8, "GPT2Block:0.25", "frontier", contenders=2)
+    stop = next_of(records)
+    assert isinstance(stop, Finished) and "beat none@7" in stop.reason, stop
+    speed = speed_of(records, shares, limit=limit)
+    low = speed.overhead["GPT2Block:0.25"].low
+    assert speed.recompute_cost == pytest.approx(low / 0.0637) and speed.recompute_cost > 1.2
+    assert speed.least_overhead("GPT2Block:1/save=matmul") == pytest.approx(0.094 * low / 0.0637)
+    # the same reading taken busy, or of a plan that moves tensors to the host, bounds nothing more
+    busy = [*records[:3], dataclasses.replace(records[3], load=BUSY)]
+    assert speed_of(busy, shares, limit=limit).recompute_cost == FORWARD_SHARE_OF_STEP
+    moved = speed_of(records, shares, {"GPT2Block:0.25": 1e-3}, limit=limit)
+    assert moved.recompute_cost == FORWARD_SHARE_OF_STEP
+    tiny = speed_of(records, {**shares, "GPT2Block:0.25": MIN_SHARE_TO_SCALE / 2}, limit=limit)
+    assert tiny.recompute_cost == FORWARD_SHARE_OF_STEP
+
+
 def test_a_run_that_cannot_pay_for_a_verification_answers_no_configuration_a_busy_fit_dominates() -> None:
     """Issue 42's heavy run of examples/gpt.py at 65e04f4, replayed: none@1 read 37.1 in a quiet moment,
     none@32 read 27.3, 78.2 (quiet) and 9.1, and the run reached its time limit: the leader by the medians,
