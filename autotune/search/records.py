@@ -6,7 +6,8 @@ second opinion on a trial counted already, like a verification).
 
 A configuration *fits* by the majority of its memory readings (:func:`peak_verdict`): RSS on a shared CPU
 machine reads one configuration tens of MiB apart from trial to trial, so one reading under the limit among
-three over it is not an answer, and one over among three under is not a failure.
+three over it is not an answer, and one over among three under is not a failure, unless that one ran longer
+and its peak was still rising over the limit when it ended: then the others are shorter views of its climb.
 """
 
 from __future__ import annotations
@@ -354,14 +355,22 @@ def peak_verdict(
     """Whether ``config`` fits ``limit`` by the majority of its memory readings (search trials, warm
     starts, verifications; an out-of-memory or over-budget one reads over; not a warm process's where a
     process of its own read it: :func:`superseded`): None with no reading, or as many over the limit as
-    under it (measure it again)."""
+    under it (measure it again). A reading over the limit whose peak was still rising when it ended (a
+    verification run to its cap: autotune.trials.settle.still_rising) decides alone: the shorter readings
+    under the limit stopped where its own peak was still climbing, and say nothing against it. Measured
+    (#42): examples/mlp.py at 700 MB on a busy machine read none@512 at 631.7 and 628.2 MiB in the search
+    (5-7 steps; limit 634.2) and 665.6 in its verification (16 steps), still rising 36 MiB per 10 steps;
+    two votes to one answered it."""
     records = list(records)
     out = superseded(records, limit)
-    verdicts = [
-        r.fits(limit)
+    readings = [
+        r
         for r in records
         if (r.batch_size, r.plan) == config and r.kind in READINGS and r.measured and r.number not in out
     ]
+    if any(r.rising_bytes and not r.fits(limit) for r in readings):
+        return False
+    verdicts = [r.fits(limit) for r in readings]
     under = sum(verdicts)
     over = len(verdicts) - under
     return None if under == over else under > over
@@ -387,8 +396,8 @@ def kept_out_by_headroom(
 ) -> KeptOut | None:
     """The fastest configuration read faster than the answer (beyond its interval and TIE) that the headroom
     alone kept out: over the limit by the majority of its peaks (:func:`peak_verdict`), each of them a
-    complete trial's within the budget, their median under a headroom of at least 1% (a whole percent less
-    than the run's). The user decides what the headroom is for (the memory noise, a longer job's peak);
+    complete trial's within the budget, their median (at least a still rising one's peak and rise) under a
+    headroom of at least 1% (a whole percent less than the run's). The user decides what the headroom is for (the memory noise, a longer job's peak);
     the run only says what it cost. Measured (#42): examples/mlp.py at 700 MB reads none@384 at 620-661 MiB
     against a 634.2 MiB limit from one fresh process to the next; runs that read it over answered none@256
     at 0.92 of its speed, and the table was the only place that said so."""
@@ -408,7 +417,9 @@ def kept_out_by_headroom(
         complete = all(r.outcome is Outcome.COMPLETE for r in readings)
         if not (peaks and speeds and complete) or peak_verdict(records, config, limit) is not False:
             continue
-        peak, speed = int(statistics.median(peaks)), statistics.median(speeds)
+        # a reading still rising over the limit decides (peak_verdict): its peak and rise are the least room
+        rising = [with_rise(r.peak_bytes, r.rising_bytes) or 0 for r in readings if r.rising_bytes]
+        peak, speed = max([int(statistics.median(peaks)), *rising]), statistics.median(speeds)
         room = math.floor(round((1 - peak / budget) * 100, 6)) / 100  # 0.96 of it: 4%, not 3.99
         if max(peaks) <= budget and speed > bar and 0.01 <= room < headroom:
             found.append(KeptOut(Configuration(*config), speed, peak, room))

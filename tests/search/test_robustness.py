@@ -336,6 +336,50 @@ def test_a_configuration_fits_by_the_majority_of_its_peaks() -> None:
     assert peak_verdict(peaks(490), (32, "none"), LIMIT) is None  # no reading of it
 
 
+def test_a_verification_still_rising_over_the_limit_outweighs_shorter_readings_under_it() -> None:
+    """Issue 42's heavy examples/mlp.py at 700 MB (limit 634.19 MiB), that run's readings: none@512 read
+    631.69 MiB as a warm process's first configuration and 628.16 as its second, and 665.59 in its
+    verification (16 steps to its time cap), still rising 36.0 MiB per 10 steps. Two votes to one answered
+    none@512, which its own verification said does not fit. The rising reading decides: none@512 is over, the
+    incumbent is none@384's reading in a process of its own (its warm reading over the limit superseded), and
+    none@512 is no configuration the headroom kept out either (its least room is its peak and rise, over the
+    budget). A verification over the limit that settled is still one vote among the others."""
+    budget = 700 * 10**6
+    limit = int(budget * 0.95)
+
+    def read(number, batch, mib, speed, warm_run, kind=TrialKind.MEASURED, rising_mib=None):
+        return TrialRecord(number, "COMPLETE", kind, batch, "none", Outcome.COMPLETE, int(mib * MiB), speed,
+                           memory_method="rss", warm_run=warm_run, samples_per_sec_low=speed * 0.95,
+                           samples_per_sec_high=speed * 1.05,
+                           rising_bytes=int(rising_mib * MiB) if rising_mib else None)  # fmt: skip
+
+    records = [
+        read(3, 256, 588.64, 178.3, 4),
+        read(4, 384, 644.90, 310.5, 5),  # warm, over: superseded by the fresh reading below
+        read(5, 384, 613.79, 223.2, None),
+        read(6, 512, 631.69, 428.6, 1),
+        read(7, 512, 628.16, 296.8, 2),
+    ]
+    verification = read(8, 512, 665.59, 1070.9, None, TrialKind.VERIFICATION, rising_mib=36.0)
+    assert peak_verdict(records, (512, "none"), limit) is True
+    assert best_record(records, limit) == records[3]
+    records.append(verification)
+    assert peak_verdict(records, (512, "none"), limit) is False
+    assert best_record(records, limit) == records[2]
+    assert peak_verdict(records, (384, "none"), limit) is True
+    answer = Interval(212.0, 223.2, 234.4)
+    assert kept_out_by_headroom(records, Configuration(384, "none"), answer, limit, budget) is None
+    # at --headroom 8% the search peaks alone (median 631.69 MiB) would say 5% admits none@512: its
+    # verification's peak and rise (701.6 MiB) are over the budget itself, and no headroom admits it
+    slower = Interval(175.0, 178.3, 181.6)
+    assert (
+        kept_out_by_headroom(records, Configuration(256, "none"), slower, int(budget * 0.92), budget) is None
+    )
+    # settled at the same peak: the meter's noise as often as the configuration's, one vote of three
+    settled = dataclasses.replace(verification, rising_bytes=None)
+    assert peak_verdict([*records[:-1], settled], (512, "none"), limit) is True
+
+
 def contender(
     plan: str, speeds: tuple[float, ...], mibs: tuple[float, ...], batch: int = 384
 ) -> list[TrialRecord]:
