@@ -23,7 +23,7 @@ from autotune.core.stats import Interval
 from autotune.search import noise
 from autotune.search.propose import Configuration, speed_of
 from autotune.search.records import TIE, TrialKind, TrialRecord, peak_verdict
-from autotune.search.throughput_model import dominates, outranks
+from autotune.search.throughput_model import ThroughputModel, dominates, outranks
 
 MAX_CONTENDERS = 3  # the leader and at most two rivals are measured again
 
@@ -245,7 +245,13 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     larger batch of a tied contender's own plan does not outrank it: a tie is a curve that has flattened,
     and the smaller peak keeps the headroom (issue 43: the T5 script's batch 64 beat 48 at +2% and, verified
     at 1.85 GiB, reached 1958 MiB within 60 steps, past its 1945.6 MiB limit; the ViT's 128 beat 96 at +0.7%
-    for ~300 MiB more).
+    for ~300 MiB more). Unless the curve has not flattened between them (:func:`climbs`: the throughput
+    model, fitted to every reading, puts the larger batch faster beyond TIE): then the tie is the readings'
+    noise, and the larger batch outranks the smaller as a plan recomputing less does at one batch. Measured
+    (#42): examples/gpt.py at 1 GiB on a quiet machine read none@32 at 99.4 samples/s in the search and
+    86.3 and 87.9 in fresh processes of 8 steps (their steps still quickening: 0.37 s falling to 0.34),
+    none@4 at 86.9 and 89.7; the tie answered none@4, at 0.82 of none@32's speed by 15-step readings
+    (90.5 against 109.0); the model put none@32 7.8% above none@4.
 
     Measured on a busy machine (issue 25's bench): the smaller peak within the speed noise once chose a
     recompute plan 5% slower than ``none`` at the same batch size (a few MiB smaller by RSS: noise too);
@@ -285,10 +291,22 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
     close = [c for c in contenders if readings[c].mid >= bar]
-    undominated = [c for c in close if not any(outranks(o, c) for o in close)] or close
+    model = speed_of(records)
+    undominated = [c for c in close if not any(outranks(o, c) or climbs(model, o, c) for o in close)] or close
     smallest = min(peaks[c] for c in undominated)
     lean = [c for c in undominated if peaks[c] <= smallest + memory_noise]
     return max(lean, key=lambda c: (readings[c].mid, -peaks[c]))
+
+
+def climbs(model: ThroughputModel, larger: Configuration, smaller: Configuration) -> bool:
+    """Whether ``larger`` is ``smaller``'s plan at a larger batch that ``model`` predicts faster beyond TIE:
+    the curve between them still climbs, and readings that tie them are noise (:func:`choose`). Where the
+    curve has flattened (issue 43's T5 at batches 48 and 64, +2%) it predicts them within TIE."""
+    (batch, plan), (other_batch, other_plan) = larger, smaller
+    if plan != other_plan or batch <= other_batch:
+        return False
+    high, low = model.predict(*larger), model.predict(*smaller)
+    return high is not None and low is not None and high > low * (1 + TIE)
 
 
 def unverified(

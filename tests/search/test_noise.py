@@ -334,14 +334,18 @@ def test_contenders_not_read_side_by_side_are_ordered_by_the_model_s_structure_n
     ]
     assert not side_by_side(records, contenders)
     assert choose(records, contenders, 8 * 2**20) == (7, "none")
-    # a round that read none@4 faster beside none@7, and the recompute plan slower: none@4 is the answer
+    # a round that read none@4 faster beside none@7 beyond the tie, and the recompute plan slower: none@4
     rounds = [
         *records,
-        _reading(5, 4, "none", 2.90, TrialKind.VERIFICATION),
+        _reading(5, 4, "none", 3.10, TrialKind.VERIFICATION),
         _reading(6, 7, "GPT2Block:0.25", 2.60, TrialKind.VERIFICATION),
     ]
     assert side_by_side(rounds, contenders)
     assert choose(rounds, contenders, 8 * 2**20) == (4, "none")
+    # within the tie (2.875 against 2.85 by their medians), where the model fitted to every reading puts
+    # none@7 above none@4 beyond it (the curve still climbs: contenders.climbs), the larger batch
+    tied = [*records, _reading(5, 4, "none", 2.90, TrialKind.VERIFICATION), rounds[6]]
+    assert choose(tied, contenders, 8 * 2**20) == (7, "none")
 
 
 def test_busy_readings_not_taken_side_by_side_keep_the_leader() -> None:
