@@ -1159,10 +1159,13 @@ def test_a_warm_reading_just_over_the_limit_is_read_again_in_a_process_of_its_ow
     heap keeps the history of the configurations before it: up to 4% over a process of its own), every
     larger batch of ``none`` was bounded by that reading, and the run answered batch 128. Here none@32's
     first reading, in the search's warm process, holds 10 MiB more (304 MiB, limit 299): it is read again
-    in a fresh process (294), which is the configuration's peak, and none@32 is the answer."""
+    in a fresh process (294), which is the configuration's peak, and none@32 is the answer. Its plan's
+    frontier below (16, 24) is measured first (_frontier_below): with the probe and the verification that
+    is 8 trial runs, and --trials leaves a busy machine two re-measurements more (at 8, one under `make
+    test`'s load took the fresh reading's slot)."""
     data = tune(
         tmp_path,
-        "--budget 315MiB --trials 8 --plans none --batch-sizes 1,4,16,24,32 --steps 3 --warmup-steps 1 --device cpu",
+        "--budget 315MiB --trials 10 --plans none --batch-sizes 1,4,16,24,32 --steps 3 --warmup-steps 1 --device cpu",
         *"--base-mib 20 --per-sample-mib 8 --step-seconds 0.005 --per-sample-seconds 0.0002".split(),
         *("--extra-mib", "32:none#0=10"),
     )
