@@ -49,7 +49,7 @@ def first_step(model: nn.Module, batch_size: int) -> tuple[float, float]:
 
 
 @autotune.find_batch_size(**options)
-def train(batch_size: int, steps: int = 40) -> float:
+def train(batch_size: int, steps: int = 10_000) -> float:
     calls.append(batch_size)
     if mode == "fail":
         raise ValueError("the data set is empty")
@@ -59,7 +59,9 @@ def train(batch_size: int, steps: int = 40) -> float:
     optimizer.zero_grad()
     seen["first_step"] = loss
     seen["plan"] = str(applied_plan(model) or "none")
-    # a trial runs until autotune ends it; the call at the answer trains 3 steps (enough to see its plan)
+    # a trial runs until autotune ends it (its measurement may take 10 s of steps: a loaded machine's
+    # interval is not tight after 35 steps, and 40 ended a `measure` trial's script before its trial did);
+    # the call at the answer trains 3 steps (enough to see its plan)
     for _ in range(steps if train.answer is None else 3):
         model(torch.randn(batch_size, 16, 256)).pow(2).mean().backward()
         optimizer.step()
