@@ -281,7 +281,8 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
         contenders = without_dominated(contenders)
         if apart and loaded(records, contenders):
             return contenders[0]
-    readings = speeds(records)
+    model = speed_of(records)
+    readings = model.pooled
     peaks = {
         c: statistics.median(
             [r.peak_bytes or 0 for r in records if (r.batch_size, r.plan) == c and r.measured]
@@ -291,7 +292,6 @@ def choose(records: list[TrialRecord], contenders: list[Configuration], memory_n
     fastest = max(contenders, key=lambda c: readings[c].mid)
     bar = readings[fastest].mid * (1 - min(readings[fastest].noise, TIE))
     close = [c for c in contenders if readings[c].mid >= bar]
-    model = speed_of(records)
     undominated = [c for c in close if not any(outranks(o, c) or climbs(model, o, c) for o in close)] or close
     smallest = min(peaks[c] for c in undominated)
     lean = [c for c in undominated if peaks[c] <= smallest + memory_noise]

@@ -401,8 +401,8 @@ def kept_out_by_headroom(
     """The fastest configuration read faster than the answer (beyond its interval and TIE) that the headroom
     alone kept out: over the limit by the majority of its peaks (:func:`peak_verdict`), each of them a
     complete trial's within the budget, their median (at least a still rising one's peak and rise) under a
-    headroom of at least 1% (a whole percent less than the run's). The user decides what the headroom is for (the memory noise, a longer job's peak);
-    the run only says what it cost. Measured (#42): examples/mlp.py at 700 MB reads none@384 at 620-661 MiB
+    headroom of at least 1% (a whole percent less than the run's). The user decides what the headroom is for
+    (the memory noise, a longer job's peak); the run only says what it cost. Measured (#42): examples/mlp.py at 700 MB reads none@384 at 620-661 MiB
     against a 634.2 MiB limit from one fresh process to the next; runs that read it over answered none@256
     at 0.92 of its speed, and the table was the only place that said so."""
     records = list(records)
@@ -421,7 +421,7 @@ def kept_out_by_headroom(
         complete = all(r.outcome is Outcome.COMPLETE for r in readings)
         if not (peaks and speeds and complete) or peak_verdict(records, config, limit) is not False:
             continue
-        # a reading still rising over the limit decides (peak_verdict): its peak and rise are the least room
+        # a reading still rising leaves room for its rise again (TrialRecord.fits): the least room it needs
         rising = [with_rise(r.peak_bytes, r.rising_bytes) or 0 for r in readings if r.rising_bytes]
         peak, speed = max([int(statistics.median(peaks)), *rising]), statistics.median(speeds)
         room = math.floor(round((1 - peak / budget) * 100, 6)) / 100  # 0.96 of it: 4%, not 3.99

@@ -336,6 +336,23 @@ def test_a_configuration_fits_by_the_majority_of_its_peaks() -> None:
     assert peak_verdict(peaks(490), (32, "none"), LIMIT) is None  # no reading of it
 
 
+def rss_trial(
+    number: int,
+    batch: int,
+    speed: float,
+    mib: float,
+    low: float,
+    high: float,
+    kind: TrialKind = TrialKind.MEASURED,
+    **attrs,
+) -> TrialRecord:
+    """A complete trial of plan none as a run stored it: its samples/s interval and its RSS peak in MiB."""
+    return TrialRecord(
+        number, "COMPLETE", kind, batch, "none", Outcome.COMPLETE, int(mib * MiB), speed,
+        samples_per_sec_low=low, samples_per_sec_high=high, memory_method="rss", **attrs,
+    )  # fmt: skip
+
+
 def test_a_verification_still_rising_over_the_limit_outweighs_shorter_readings_under_it() -> None:
     """Issue 42's heavy examples/mlp.py at 700 MB (limit 634.19 MiB), that run's readings: none@512 read
     631.69 MiB as a warm process's first configuration and 628.16 as its second, and 665.59 in its
@@ -349,10 +366,18 @@ def test_a_verification_still_rising_over_the_limit_outweighs_shorter_readings_u
     limit = int(budget * 0.95)
 
     def read(number, batch, mib, speed, warm_run, kind=TrialKind.MEASURED, rising_mib=None):
-        return TrialRecord(number, "COMPLETE", kind, batch, "none", Outcome.COMPLETE, int(mib * MiB), speed,
-                           memory_method="rss", warm_run=warm_run, samples_per_sec_low=speed * 0.95,
-                           samples_per_sec_high=speed * 1.05,
-                           rising_bytes=int(rising_mib * MiB) if rising_mib else None)  # fmt: skip
+        rising = int(rising_mib * MiB) if rising_mib else None
+        return rss_trial(
+            number,
+            batch,
+            speed,
+            mib,
+            speed * 0.95,
+            speed * 1.05,
+            kind,
+            warm_run=warm_run,
+            rising_bytes=rising,
+        )
 
     records = [
         read(3, 256, 588.64, 178.3, 4),
@@ -452,17 +477,14 @@ def test_a_tie_between_batches_the_curve_still_climbs_between_answers_the_larger
     model fitted to those readings puts none@32 7.8% above none@4: the curve still climbs between them, the
     tie is the readings' noise, and none@32 is answered. Fails before contenders.climbs."""
 
-    def read(number, batch, speed, low, high, mib, kind=TrialKind.MEASURED):
-        return TrialRecord(number, "COMPLETE", kind, batch, "none", Outcome.COMPLETE, int(mib * MiB), speed,
-                           samples_per_sec_low=low, samples_per_sec_high=high, memory_method="rss", load=QUIET)  # fmt: skip
-
+    check = TrialKind.VERIFICATION
     records = [
-        read(0, 1, 53.6, 53.06, 54.14, 353.41),
-        read(1, 4, 86.89, 84.33, 89.46, 400.95),
-        read(2, 32, 99.38, 94.45, 104.30, 781.79),
-        read(3, 32, 86.26, 82.16, 90.36, 836.10, TrialKind.VERIFICATION),
-        read(4, 32, 87.86, 86.45, 89.28, 832.11, TrialKind.VERIFICATION),
-        read(5, 4, 89.69, 88.43, 90.96, 391.54, TrialKind.VERIFICATION),
+        rss_trial(0, 1, 53.6, 353.41, 53.06, 54.14, load=QUIET),
+        rss_trial(1, 4, 86.89, 400.95, 84.33, 89.46, load=QUIET),
+        rss_trial(2, 32, 99.38, 781.79, 94.45, 104.30, load=QUIET),
+        rss_trial(3, 32, 86.26, 836.10, 82.16, 90.36, check, load=QUIET),
+        rss_trial(4, 32, 87.86, 832.11, 86.45, 89.28, check, load=QUIET),
+        rss_trial(5, 4, 89.69, 391.54, 88.43, 90.96, check, load=QUIET),
     ]
     contenders = [Configuration(32, "none"), Configuration(4, "none")]
     assert choose(records, contenders, 8 * MiB) == (32, "none")
