@@ -90,11 +90,20 @@ def disturbed(records: Iterable[TrialRecord]) -> set[int]:
     } | shifted
 
 
+def taken_busy(records: Iterable[TrialRecord]) -> set[int]:
+    """The numbers of the trials a busy machine took: :func:`disturbed`, or shaken by a neighbour
+    (:func:`is_shaky`). A shaky reading counts even where the study has no quieter one to measure it
+    against: beside four bursting neighbours every trial of an examples/gpt.py run at f886636 read at
+    57-100% CPU pressure, none@32 at 16.8 ±100%, and it was no busier than the study's quietest, itself."""
+    records = list(records)
+    return disturbed(records) | {r.number for r in records if is_shaky(r)}
+
+
 def read_busy(records: Iterable[TrialRecord]) -> set[Configuration]:
     """The configurations a reading of which (search, warm start, verification) a busy machine took
-    (:func:`disturbed`)."""
+    (:func:`taken_busy`)."""
     records = list(records)
-    busy = disturbed(records)
+    busy = taken_busy(records)
     return {r.config for r in records if r.number in busy and r.kind in READINGS and r.config is not None}
 
 
@@ -181,8 +190,8 @@ def is_shaky(record: TrialRecord) -> bool:
 def outrun(records: Iterable[TrialRecord]) -> set[int]:
     """The numbers of the search readings that load slowed below another reading of their configuration:
     a shaky one (:func:`is_shaky`) slower than one that is not, and one a busy machine took
-    (:func:`disturbed`) that disagrees with, and is slower than, each quiet reading of it (neither shaky
-    nor disturbed; :func:`disagree`). Load only slows, so the faster one stands for the configuration;
+    (:func:`disturbed`, or shaky) that disagrees with, and is slower than, another reading of it
+    (:func:`disagree`), quiet or busy itself. Load only slows, so the faster one stands for the configuration;
     the two are no disagreement to measure a third time, nor a spread between trials that widens every
     other configuration's hopes (ThroughputModel.between). A verification's readings are never left out:
     side by side, they are what :func:`overruled` and contenders.choose rest on.
@@ -190,27 +199,24 @@ def outrun(records: Iterable[TrialRecord]) -> set[int]:
     Measured (issue 42, beside four bursting neighbours): examples/gpt.py's none@32 read 9.3 samples/s
     (±2%, steady, its steps all slowed alike), 94.7 in a quiet moment and 17.8 ±29%; the median of the
     three, 17.8, put none@32 below none@4's 63.2, their spread (2.4x) made every plan at batch 48 look able
-    to win, and the search measured two of them (12-15 s each) before its verification read none@32 again."""
+    to win, and the search measured two of them (12-15 s each) before its verification read none@32 again.
+    Two busy readings that disagree say the same of the slower (at f886636, beside four bursting
+    neighbours, none@32 read 28.0 ±45% and then 11.3 ±14%, both busy: the two disagreeing, a third reading
+    was taken, 13.8 s of the run's 84, busy again at 14.1)."""
     records = list(records)
-    busy = disturbed(records)
+    busy = taken_busy(records)
     out: set[int] = set()
     for config in {r.config for r in records if r.config is not None}:
         rs = readings(records, config)
         steady = [r.throughput for r in rs if r.throughput is not None and not is_shaky(r)]
-        quiet = [
-            r.throughput for r in rs if r.throughput is not None and not is_shaky(r) and r.number not in busy
-        ]
-        slowest = min(quiet, key=lambda i: i.mid, default=None)
         for r in rs:
             speed = r.throughput
             if r.kind is TrialKind.VERIFICATION or speed is None:
                 continue
             shaken = is_shaky(r) and bool(steady) and speed.mid < min(i.low for i in steady)
-            busier = (
-                slowest is not None
-                and r.number in busy
-                and speed.mid < slowest.mid
-                and disagree([speed, slowest])
+            others = [o.throughput for o in rs if o is not r and o.throughput is not None]
+            busier = r.number in busy and any(
+                speed.mid < other.mid and disagree([speed, other]) for other in others
             )
             if shaken or busier:
                 out.add(r.number)
@@ -225,8 +231,8 @@ def busy_anchor(
 ) -> Configuration | None:
     """A configuration the throughput line is anchored on (the reference plan, up to its largest batch size
     measured, ``largest``; not one the line leaves out, ``left_out``: ThroughputModel.slowed) that only a
-    busy machine read: each of its readings, fewer than MAX_READINGS, is shaky (:func:`is_shaky`) or was
-    taken busy (:func:`disturbed`); the smallest batch size first. What the line extrapolates to (a larger
+    busy machine read, once: its reading is shaky (:func:`is_shaky`) or was taken busy (:func:`disturbed`);
+    the smallest batch size first. What the line extrapolates to (a larger
     batch, another plan) is valued on such readings, and load only slows: a small batch read slow makes
     the step's fixed part look long and every larger batch look better, a largest batch read slow leaves
     a plan past it room to climb. Beside four bursting neighbours, examples/gpt.py read none@1 at 13.7
@@ -237,15 +243,21 @@ def busy_anchor(
     its turn, while one more reading of a small batch costs a few seconds. At a3e620a (which read only
     shaky readings again, and only below the largest batch) two runs measured two and five plans at batch
     48, each read busy: one with none@4 read once at 27.0 ±10% (busy, steady: 94 quiet), 153 s; one with
-    none@32 read once at 21.6 ±34% (107 quiet), 108 s; quiet runs take 14-16 s."""
-    busy = disturbed(records)
+    none@32 read once at 21.6 ±34% (107 quiet), 108 s; quiet runs take 14-16 s.
+
+    Read again once: a second reading a busy machine took too says the load goes on, and a third is as
+    likely to (at f886636, beside four bursting neighbours, one run read none@1 twice more as this anchor,
+    12 s, both busy again; another read it again, busy, and a third time for the two disagreeing).
+    The line then rests on the faster reading of each (:func:`outrun`), and the verification's readings,
+    interleaved, decide between the contenders."""
+    busy = taken_busy(records)
     found = []
     for config in {r.config for r in records if r.config is not None}:
         anchor = config.plan == reference and config.batch_size <= largest and config not in left_out
         if not anchor or in_flight(records, config):
             continue
         rs = readings(records, config)
-        if 0 < len(rs) < MAX_READINGS and all(is_shaky(r) or r.number in busy for r in rs):
+        if len(rs) == 1 and rs[0].number in busy:
             found.append(config)
     return min(found, default=None)
 
@@ -347,9 +359,9 @@ def out_of_order(
 
 def unsettled(records: list[TrialRecord], deciders: Sequence[Configuration]) -> Configuration | None:
     """The decider to measure again before the search may stop (None: they are settled): one read only on
-    a busy machine (or where the kernel gives no CPU pressure), or whose readings disagree; the one read
-    least often first, so that two deciders are measured interleaved."""
-    busy, out = disturbed(records), outrun(records)
+    a busy machine (:func:`taken_busy`, or where the kernel gives no CPU pressure), or whose readings
+    disagree; the one read least often first, so that two deciders are measured interleaved."""
+    busy, out = taken_busy(records), outrun(records)
     needing = []
     for order, config in enumerate(dict.fromkeys(deciders)):
         rs = readings(records, config)
