@@ -2,7 +2,7 @@
 each answer scored against the truth measured on a quiet machine.
 
     .venv/bin/python bench/robustness.py [--runs 10] [--only mlp,gpt,hf-gpt2] [--seed 0]
-        [--conditions quiet,loaded,heavy,niced] [--trials 10]
+        [--conditions quiet,loaded,heavy,niced] [--trials 10] [--no-truth]
 
 Per script (real torch scripts: examples/gpt.py at 1 GiB, examples/mlp.py at 700 MB, the compatibility
 suite's Hugging Face GPT-2 through a command template at a budget where recompute could matter):
@@ -353,6 +353,20 @@ def report(workload: Workload, runs: list[Run], truth: Truth) -> list[str]:
     return lines
 
 
+def walls(workload: Workload, runs: list[Run]) -> list[str]:
+    """The runs without a truth (``--no-truth``): each answer, its trials and wall, and each condition's
+    median wall."""
+    lines = [f"## {workload.name}: budget {workload.budget}; command {' '.join(workload.command)} (no truth)"]
+    for condition in dict.fromkeys(r.condition for r in runs):
+        mine = [r for r in runs if r.condition == condition]
+        lines.append(
+            f" {condition}: answers {', '.join(f'{r.plan}@{r.batch_size}' for r in mine)}; trial runs "
+            f"{', '.join(str(r.runs) for r in mine)}; wall {', '.join(f'{r.wall:.0f}' for r in mine)} s "
+            f"(median {statistics.median(r.wall for r in mine):.0f} s)"
+        )
+    return lines
+
+
 def at_the_limit(workload: Workload, runs: list[Run], truth: Truth) -> list[str]:
     """Configurations whose own truth peaks fall on both sides of the limit (the optimum, or one a run
     chose): one fresh reading of such a configuration is a coin toss, so answering it and leaving it out
@@ -414,6 +428,11 @@ def main() -> None:
         default=TRUTH_ROUNDS,
         help="quiet readings of each configuration near the optimum and each chosen one (at least 3)",
     )
+    parser.add_argument(
+        "--no-truth",
+        action="store_true",
+        help="the runs only (answers, trials, wall), no quiet truth to score them against: a wall-time check",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "robustness-cpu.txt"))
     args = parser.parse_args()
     chosen_names = set(filter(None, args.only.split(",")))
@@ -439,10 +458,13 @@ def main() -> None:
                 plans.update(space)
                 runs.append(run)
                 print(f"{workload.name} {run}", flush=True)
-        truth = truth_of(
-            workload, sorted(plans), {(r.batch_size, r.plan) for r in runs}, max(args.truth_rounds, 3)
-        )
-        block = report(workload, runs, truth)
+        if args.no_truth:
+            block = walls(workload, runs)
+        else:
+            truth = truth_of(
+                workload, sorted(plans), {(r.batch_size, r.plan) for r in runs}, max(args.truth_rounds, 3)
+            )
+            block = report(workload, runs, truth)
         print("\n".join(block), flush=True)
         lines += ["", *block, f"# {time.monotonic() - started:.0f} s so far"]
         Path(args.out).write_text("\n".join(lines) + "\n")  # after each workload: a long run keeps its part
