@@ -440,7 +440,8 @@ def main() -> None:
     lines = [
         f"# bench/robustness.py --runs {args.runs} --seed {args.seed} --conditions {args.conditions} "
         f"--trials {args.trials} --truth-rounds {args.truth_rounds}"
-        + (f" --only {args.only}" if args.only else ""),
+        + (f" --only {args.only}" if args.only else "")
+        + (" --no-truth" if args.no_truth else ""),
         f"# {platform.node()}: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d')}",
     ]

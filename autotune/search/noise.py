@@ -246,11 +246,12 @@ def busy_anchor(
     none@32 read once at 21.6 ±34% (107 quiet), 108 s; quiet runs take 14-16 s.
 
     Up to MAX_READINGS, though a second reading came back busy too: the line then rests on the faster
-    reading of each (:func:`outrun`), and a third reading is the cheaper gamble. This rule is asked only
+    reading of each (:func:`outrun`), and a third reading is a gamble against the plans past the line's
+    largest batch (14-27 s each there, a small batch's reading 8-23 s). This rule is asked only
     where a configuration valued on the line is worth a trial: at 2fa44b2, which read such an anchor
     again once, none@4 read 21.0 and 15.6 (both busy) beside none@32's quiet 85.1, and the line through
     them sent the search to three plans at batch 48 (67 s of a 156 s run); beside four bursting
-    neighbours about three re-readings of a small batch in seven came back quiet."""
+    neighbours 4 of 17 re-readings of none@1 and none@4 came back quiet (their steps at 2% pressure)."""
     busy = taken_busy(records)
     found = []
     for config in {r.config for r in records if r.config is not None}:
