@@ -402,9 +402,10 @@ def kept_out_by_headroom(
     alone kept out: over the limit by the majority of its peaks (:func:`peak_verdict`), each of them a
     complete trial's within the budget, their median (at least a still rising one's peak and rise) under a
     headroom of at least 1% (a whole percent less than the run's). The user decides what the headroom is for
-    (the memory noise, a longer job's peak); the run only says what it cost. Measured (#42): examples/mlp.py at 700 MB reads none@384 at 620-661 MiB
-    against a 634.2 MiB limit from one fresh process to the next; runs that read it over answered none@256
-    at 0.92 of its speed, and the table was the only place that said so."""
+    (the memory noise, a longer job's peak); the run only says what it cost. Measured (#42): examples/mlp.py
+    at 700 MB reads none@384 at 620-661 MiB against a 634.2 MiB limit from one fresh process to the next;
+    runs that read it over answered none@256 at 0.92 of its speed, and the table was the only place that
+    said so."""
     records = list(records)
     out = superseded(records, limit)
     headroom = 1 - limit / budget

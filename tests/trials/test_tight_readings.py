@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from autotune.core.pressure import busy_now
 from autotune.core.protocol import Outcome
 from autotune.core.stats import median_interval
@@ -19,6 +21,17 @@ from autotune.trials.settings import TrialSettings
 
 STARTUP = 4.0  # seconds the script sleeps before its first step
 TIGHT = TrialSettings().tight
+
+
+@pytest.fixture
+def pressure_file(tmp_path, monkeypatch) -> None:
+    """A CPU pressure file that starts quiet, for every process the test starts (the synthetic script's
+    --busy-steps adds a burst's waiting to it)."""
+    path = tmp_path / "cpu-pressure"
+    path.write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))
 
 
 def noise(steps: list[float], batch: int) -> float:
@@ -108,19 +121,12 @@ def test_a_script_that_ends_while_the_trial_measures_on_is_read_from_the_steps_i
     assert (short.outcome, short.error) == (Outcome.FAILED, "the script ended after 4 of 6 steps")
 
 
-def test_steps_a_neighbour_took_a_cpu_from_are_left_out_of_the_speed(
-    synthetic, tmp_path, monkeypatch
-) -> None:
+def test_steps_a_neighbour_took_a_cpu_from_are_left_out_of_the_speed(synthetic, pressure_file) -> None:
     """Issue 41, beside a neighbour burning a core in bursts: the steps a burst overlapped read 31-57
     samples/s at a CPU pressure of 0.43-0.50, the others 90-115 at 0.00-0.02. Of seven measured steps the
     last four are a burst's here (4x longer, their extra time counted as waited for a CPU in the pressure
     file every process reads): the median of all seven is a busy step's, the reading is the three quiet
     ones'; the trial says it left four out, and the pressure over the steps it kept is none."""
-    path = tmp_path / "cpu-pressure"
-    path.write_text(
-        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-    )
-    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))
     result = synthetic(
         4, "--step-seconds", "0.05", "--busy-steps", "4-7=4", measured_steps=7, tight=0.0
     )  # step 0 is warm-up
@@ -134,16 +140,11 @@ def test_steps_a_neighbour_took_a_cpu_from_are_left_out_of_the_speed(
 
 
 def test_a_trial_a_burst_took_all_but_one_step_of_measures_on_until_the_burst_passes(
-    synthetic, tmp_path, monkeypatch
+    synthetic, pressure_file
 ) -> None:
     """Five measured steps, the last four a burst's (and one more after them): one quiet step is no reading,
     so the trial measures on (BURST_WAIT, whatever its start-up) until three are quiet, and reads its speed
     from them. Without it the search measured such a configuration again in a trial of its own."""
-    path = tmp_path / "cpu-pressure"
-    path.write_text(
-        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-    )
-    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))
     result = synthetic(4, "--step-seconds", "0.05", "--busy-steps", "2-6=4", measured_steps=5)
     assert result.outcome is Outcome.COMPLETE
     assert len(result.step_seconds) == 8  # steps 1-8: 1, 7 and 8 quiet
@@ -153,7 +154,7 @@ def test_a_trial_a_burst_took_all_but_one_step_of_measures_on_until_the_burst_pa
 
 
 def test_slow_first_steps_a_burst_took_stay_measured_steps_and_are_set_aside_not_made_warm_up(
-    synthetic, tmp_path, monkeypatch
+    synthetic, pressure_file
 ) -> None:
     """Issue 42, beside four bursting neighbours: examples/gpt.py's none@32 made its first 7 steps warm-up (1
     asked), up to 3.48 s a step where the steady ones took 1 s: 31 s for a trial whose measured steps took 8.
@@ -161,11 +162,6 @@ def test_slow_first_steps_a_burst_took_stay_measured_steps_and_are_set_aside_not
     beside the two after them, and load explains it. They stay measured steps, set aside from the reading,
     and the trial measures on only until three steps are quiet; made warm-up, three more steps were
     measured, and the trial said it measured past a slow start it never had."""
-    path = tmp_path / "cpu-pressure"
-    path.write_text(
-        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-    )
-    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))
     result = synthetic(4, "--step-seconds", "0.05", "--busy-steps", "1-3=4", measured_steps=5)
     assert result.outcome is Outcome.COMPLETE, result.error
     assert result.warmup_steps == 1 and result.slow_start is None
@@ -185,17 +181,12 @@ def test_which_slow_steps_waited_for_a_cpu() -> None:
     assert not waited((), 2)
 
 
-def test_a_busy_moment_ends_the_measuring_on_for_a_tighter_reading(synthetic, tmp_path, monkeypatch) -> None:
+def test_a_busy_moment_ends_the_measuring_on_for_a_tighter_reading(synthetic, pressure_file) -> None:
     """Issue 42: examples/gpt.py at batch 1 beside four bursting neighbours read six quiet steps, wider than
     `tight`, then measured on through seven busy ones for 5.8 s, none of which entered its reading. Here
     noisy steps (±60%) are measured on for a tighter reading and from step 8 a burst takes every step: the
     trial stops at the first busy step and reads its speed from the quiet ones, short of the quarter of its
     start-up it could have spent."""
-    path = tmp_path / "cpu-pressure"
-    path.write_text(
-        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-    )
-    monkeypatch.setenv("AUTOTUNE_CPU_PRESSURE_PATH", str(path))
     common = ("--startup-seconds", str(STARTUP), "--step-seconds", "0.05", "--noise", "0.6", "--seed", "1")
     result = synthetic(4, *common, "--busy-steps", "8-60=4", measured_steps=5)  # step 0 is warm-up
     assert result.outcome is Outcome.COMPLETE
